@@ -1,0 +1,99 @@
+"""A run folder on disk: checkpoint (atomic save/load), tokenizer, run.json — and loading it back.
+
+Layout of a run folder:
+    run.json        config, parameter counts, environment, status, final metrics
+    metrics.jsonl   one JSON object per logged step (and validation rows)
+    checkpoint.pt   model + optimizer state at the last saved step
+    tokenizer/      the run's tokenizer (Hugging Face format)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp_cli.config import Recipe, recipe_from_dict
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.errors import UserError
+from mtp_cli.model import MTPModel
+
+CHECKPOINT = "checkpoint.pt"
+RUN_JSON = "run.json"
+METRICS = "metrics.jsonl"
+TOKENIZER = "tokenizer"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+
+
+def save_checkpoint(run_dir: Path, model: MTPModel, optimizer: torch.optim.Optimizer | None, step: int,
+                    recipe: Recipe, extra: dict | None = None) -> None:
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
+             "step": step, "recipe": recipe.to_dict(), **(extra or {})}
+    tmp = run_dir / (CHECKPOINT + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, run_dir / CHECKPOINT)
+
+
+def load_checkpoint(run_dir: Path) -> dict:
+    path = Path(run_dir) / CHECKPOINT
+    if not path.is_file():
+        raise UserError(f"no checkpoint in {run_dir} (expected {path.name}; train it with `mtp train --out {run_dir}`)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}); delete it or retrain") from None
+    if not isinstance(state, dict) or "model" not in state or "recipe" not in state:
+        raise UserError(f"checkpoint {path} is corrupt: missing model or recipe")
+    return state
+
+
+@dataclass
+class LoadedRun:
+    run_dir: Path
+    recipe: Recipe
+    model: MTPModel
+    tokenizer: Any
+    step: int
+
+
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """Model (eval mode), tokenizer and recipe of a trained run folder."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"run folder not found: {run_dir}")
+    state = load_checkpoint(run_dir)
+    recipe = recipe_from_dict(state["recipe"])
+    tok = toklib.load(run_dir / TOKENIZER)
+    if len(tok) > recipe.model.vocab_size:
+        raise UserError(f"tokenizer in {run_dir / TOKENIZER} has {len(tok)} tokens but the checkpoint's "
+                        f"vocabulary is {recipe.model.vocab_size}: they do not belong together")
+    fp = state.get("tokenizer_fingerprint")
+    if fp and fp != toklib.fingerprint(tok):
+        raise UserError(f"tokenizer in {run_dir / TOKENIZER} does not match the one the checkpoint was trained with")
+    model = MTPModel(recipe.model, recipe.mtp)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise UserError(f"checkpoint in {run_dir} does not match its recipe: {str(exc).splitlines()[0]}") from None
+    model.to(device).eval()
+    return LoadedRun(run_dir, recipe, model, tok, int(state["step"]))

@@ -1,0 +1,101 @@
+"""The `mtp` command line: each command parses its flags, calls one function, prints the result."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mtp_cli import ui
+from mtp_cli.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Train NTP vs multi-token-prediction models, evaluate the trunk, benchmark MTP drafting.")
+
+
+@app.callback()
+def _root() -> None:
+    """Train NTP vs multi-token-prediction models, evaluate the trunk, benchmark MTP drafting."""
+
+
+@app.command()
+def train(
+    recipe: str = typer.Option("quick", help="Recipe name (recipes/*.toml) or path to a TOML file."),
+    objective: Optional[str] = typer.Option(None, help="ntp | sequential | parallel (default: sequential if --depth/--lambda given)."),
+    depth: Optional[int] = typer.Option(None, help="Sequential MTP depth D (DeepSeek-V3 modules)."),
+    heads: Optional[int] = typer.Option(None, help="Parallel heads n, including the next-token head (Meta)."),
+    lam: Optional[float] = typer.Option(None, "--lambda", help="MTP loss weight λ: L = L_main + λ/D Σ L_k."),
+    lambda_final: Optional[float] = typer.Option(None, help="λ drops to this value after --lambda-switch of training (DeepSeek: 0.1)."),
+    lambda_switch: Optional[float] = typer.Option(None, help="Fraction of steps after which λ becomes --lambda-final."),
+    mtp_input: Optional[str] = typer.Option(None, help="Trunk state feeding depth 1: post-norm | pre-norm."),
+    steps: Optional[int] = typer.Option(None, help="Optimizer steps."),
+    batch_size: Optional[int] = typer.Option(None, help="Global batch size in sequences."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    seed: Optional[int] = typer.Option(None, help="Random seed (init and batch order)."),
+    data: Optional[list[str]] = typer.Option(None, help="Train on these files/folders instead of the recipe's corpus."),
+    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
+    out: Optional[Path] = typer.Option(None, help="Run folder (default: runs/<recipe>-<objective>-...-s<seed>)."),
+    resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
+    force: bool = typer.Option(False, help="Overwrite the run in --out."),
+) -> None:
+    """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
+    from mtp_cli import train as trainer
+    from mtp_cli.config import load_recipe
+
+    r = load_recipe(recipe)
+    if objective is None and (depth is not None or lam is not None) and heads is None and r.mtp.objective == "ntp":
+        objective = "sequential"
+    if objective is None and heads is not None and r.mtp.objective == "ntp":
+        objective = "parallel"
+    r.override("mtp", objective=objective, depth=depth, heads=heads, lambda_=lam, lambda_final=lambda_final,
+               lambda_switch=lambda_switch, mtp_input=mtp_input)
+    r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device, compile=compile)
+    if data:
+        r.override("data", source="files", paths=list(data))
+    r.validate()
+    out = out or Path("runs") / trainer.default_run_name(r)
+    summary = trainer.train(r, out, resume=resume, force=force)
+    if summary.get("final"):
+        ui.out.print(_train_table(summary))
+    ui.out.print(f"run saved to {out}")
+
+
+def _train_table(summary: dict):
+    from rich.table import Table
+
+    table = Table(title=f"{summary['run']} — {summary['note']}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary["final"].items():
+        if key not in ("kind", "step"):
+            table.add_row(key, f"{value:.4f}")
+    thr = summary["throughput"]
+    table.add_row("tokens/s (median)", f"{thr['tokens_per_s_median']:,.0f}" if thr["tokens_per_s_median"] else "-")
+    table.add_row("MFU (median)", f"{thr['mfu_median']:.1%}" if thr["mfu_median"] else "-")
+    table.add_row("params trunk / MTP", f"{summary['params']['trunk']:,} / {summary['params']['mtp']:,}")
+    return table
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except UserError as exc:
+        ui.console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort:
+        ui.console.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # typer's (vendored click) usage errors
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Typed configuration: model, MTP objective, data, training, and the recipe that bundles them.
+
+Recipes are TOML; every section maps onto one dataclass here, unknown keys are errors, and
+CLI flags override recipe values through `Recipe.override`. Validation lives here so that
+every entry point (train, ablate, tests) rejects the same bad input the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtp_cli.errors import UserError
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+OBJECTIVES = ("ntp", "sequential", "parallel")
+MTP_INPUTS = ("post-norm", "pre-norm")
+SCHEDULES = ("cosine", "wsd")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 4096
+    n_layers: int = 4
+    d_model: int = 256
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = n_heads (no GQA)
+    ffn_hidden: int = 688
+    context: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "ffn_hidden", "context"):
+            if getattr(self, name) < 1:
+                raise UserError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise UserError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.head_dim % 2:
+            raise UserError(f"head dimension {self.head_dim} must be even for RoPE")
+        if self.n_heads % self.kv_heads:
+            raise UserError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
+
+
+@dataclass
+class MTPConfig:
+    objective: str = "ntp"
+    depth: int = 1  # sequential: number of modules D
+    heads: int = 4  # parallel: number of heads n, head 1 = next token
+    lambda_: float | None = None  # None: 0.3 for sequential, n-1 for parallel (Meta's plain sum)
+    lambda_final: float | None = None  # DeepSeek-V3 schedule: lambda drops to this value ...
+    lambda_switch: float = 1.0  # ... after this fraction of training steps
+    mtp_input: str = "post-norm"  # which trunk state feeds depth 1
+    compute_matched: bool = True  # parallel: take n-1 layers out of the trunk
+    memory_efficient: bool = True  # parallel: Meta's one-head-at-a-time backward
+
+    @property
+    def n_extra(self) -> int:
+        """Number of extra predictions beyond the next token (D, or n-1)."""
+        return {"ntp": 0, "sequential": self.depth, "parallel": self.heads - 1}[self.objective]
+
+    @property
+    def weight(self) -> float:
+        if self.lambda_ is not None:
+            return self.lambda_
+        return 0.3 if self.objective == "sequential" else float(max(self.heads - 1, 0))
+
+    def weight_at(self, step: int, total_steps: int) -> float:
+        if self.lambda_final is not None and step >= self.lambda_switch * total_steps:
+            return self.lambda_final
+        return self.weight
+
+    def validate(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
+        if self.objective == "sequential" and self.depth < 1:
+            raise UserError(f"--depth must be >= 1 for the sequential objective, got {self.depth}")
+        if self.objective == "parallel" and self.heads < 2:
+            raise UserError(f"--heads must be >= 2 for the parallel objective, got {self.heads}")
+        for name in ("lambda_", "lambda_final"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise UserError(f"{name.rstrip('_')} must be >= 0, got {value}")
+        if not 0.0 <= self.lambda_switch <= 1.0:
+            raise UserError(f"mtp.lambda_switch must be in [0, 1], got {self.lambda_switch}")
+        if self.mtp_input not in MTP_INPUTS:
+            raise UserError(f"unknown mtp_input {self.mtp_input!r}; choose one of {', '.join(MTP_INPUTS)}")
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"  # stdlib | files | gsm8k | hf
+    paths: list[str] = field(default_factory=list)  # files/folders for files|gsm8k
+    hf_dataset: str = ""  # name for source = "hf"
+    hf_split: str = "train"
+    text_field: str = "text"
+    tokenizer: str = "bpe"  # "bpe": train a byte-level BPE on the corpus; else an HF tokenizer name/path
+    val_fraction: float = 0.05
+    max_bytes: int = 0  # 0 = whole corpus
+    cache_dir: str = ".cache/mtp"
+
+    def validate(self) -> None:
+        if self.source not in ("stdlib", "files", "gsm8k", "hf"):
+            raise UserError(f"unknown data.source {self.source!r}; choose stdlib, files, gsm8k or hf")
+        if self.source in ("files", "gsm8k"):
+            if not self.paths:
+                raise UserError(f"data.source = {self.source!r} needs data.paths (or --data PATH)")
+            for p in self.paths:
+                if not Path(p).expanduser().exists():
+                    raise UserError(f"data path not found: {p}")
+        if self.source == "hf" and not self.hf_dataset:
+            raise UserError("data.source = 'hf' needs data.hf_dataset")
+        if not 0.0 < self.val_fraction < 0.5:
+            raise UserError(f"data.val_fraction must be in (0, 0.5), got {self.val_fraction}")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 220
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay)
+    decay_fraction: float = 0.2  # wsd: final fraction of steps spent decaying
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 1
+    eval_every: int = 50
+    eval_batches: int = 8
+    ckpt_every: int = 50
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    peak_flops: float = 0.0  # FLOP/s used for MFU; 0 = measure the fp32/bf16 matmul peak once
+
+    def validate(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "ckpt_every"):
+            if getattr(self, name) < 1:
+                raise UserError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise UserError(f"train.lr must be > 0, got {self.lr}")
+        if self.warmup < 0:
+            raise UserError(f"train.warmup must be >= 0, got {self.warmup}")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"unknown train.schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"unknown train.device {self.device!r}; choose auto, cpu or cuda")
+
+
+@dataclass
+class Recipe:
+    name: str = "custom"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mtp: MTPConfig = field(default_factory=MTPConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    # Sections used by `mtp ablate`; `mtp train` carries them along untouched.
+    seeds: list[int] = field(default_factory=lambda: [0])
+    eval: dict[str, Any] = field(default_factory=dict)
+    specbench: dict[str, Any] = field(default_factory=dict)
+    variants: list[dict[str, Any]] = field(default_factory=list)
+    description: str = ""
+
+    def validate(self) -> Recipe:
+        self.model.validate()
+        self.mtp.validate()
+        self.data.validate()
+        self.train.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_toml_dict(self)
+
+    def override(self, section: str, **values: Any) -> None:
+        """Apply CLI flags (None = not given) onto one section."""
+        target = getattr(self, section)
+        for key, value in values.items():
+            if value is not None:
+                setattr(target, key, value)
+
+
+def _field_key(name: str) -> str:
+    return "lambda" if name == "lambda_" else name
+
+
+def _to_toml_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {_field_key(f.name): _to_toml_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [_to_toml_dict(v) for v in obj]
+    return obj
+
+
+def _check_type(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check_type(value, option, where)
+            except UserError:
+                pass
+        raise UserError(f"{where}: {value!r} has the wrong type")
+    if origin is list:
+        if not isinstance(value, list):
+            raise UserError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(annotation)
+        return [_check_type(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: expected a table, got {value!r}")
+        return value
+    if annotation is Any:
+        return value
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is int and isinstance(value, bool):
+        raise UserError(f"{where}: expected an integer, got {value!r}")
+    if isinstance(annotation, type) and not isinstance(value, annotation):
+        raise UserError(f"{where}: expected {annotation.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "recipe") -> Any:
+    """Build dataclass `cls` from a TOML table; unknown keys and wrong types are UserErrors."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a table, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    by_key = {_field_key(f.name): f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(by_key))
+    if unknown:
+        raise UserError(f"unknown key{'s' if len(unknown) > 1 else ''} in {where}: {', '.join(unknown)}")
+    kwargs = {}
+    for key, value in data.items():
+        f = by_key[key]
+        annotation = hints[f.name]
+        if dataclasses.is_dataclass(annotation):
+            kwargs[f.name] = from_dict(annotation, value, f"{where}.{key}" if where != "recipe" else key)
+        else:
+            kwargs[f.name] = _check_type(value, annotation, f"{where}.{key}" if where != "recipe" else key)
+    return cls(**kwargs)
+
+
+def resolve_recipe_path(name_or_path: str | Path) -> Path:
+    """A recipe is a TOML path, or the bare name of one shipped in recipes/ (e.g. 'quick')."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    shipped = RECIPES_DIR / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return shipped
+    raise UserError(f"recipe not found: {name_or_path} (a .toml path or one of: {', '.join(shipped_recipes())})")
+
+
+def shipped_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
+
+
+def load_recipe(name_or_path: str | Path = "quick") -> Recipe:
+    path = resolve_recipe_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"recipe {path} is not valid TOML: {exc}") from None
+    data.setdefault("name", path.stem)
+    return from_dict(Recipe, data)
+
+
+def recipe_from_dict(data: dict[str, Any]) -> Recipe:
+    return from_dict(Recipe, data)

@@ -1,0 +1,99 @@
+"""Plain autoregressive decoding of the trunk with a KV cache: batched, ragged prompts, greedy or
+sampled (temperature / top-p), stop sequences. The engine `mtp generate` and the evals use, and
+the baseline speculative decoding must reproduce token for token.
+
+Ragged prompts are right-padded for one prefill; each row then continues from its own length
+(the cache masks and overwrites its padding). Finished rows leave the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from mtp_cli.model.trunk import Trunk
+
+StopFn = Callable[[int, list[int]], bool]  # (row index, generated ids so far) -> stop?
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """The sampling distribution (fp32) for temperature > 0, with nucleus (top-p) truncation."""
+    p = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = p.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        p = torch.zeros_like(p).scatter(-1, order, sorted_p)
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+def next_token(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.0,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, V) logits -> (B,) token ids: argmax when temperature == 0, else a sample."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    return torch.multinomial(probs_from_logits(logits, temperature, top_p), 1, generator=generator).squeeze(-1)
+
+
+def stop_on_strings(tokenizer, stops: Sequence[str], eos_id: int | None = None) -> StopFn:
+    """A StopFn that fires when the decoded completion contains any stop string (or ends with EOS)."""
+    def fn(_row: int, ids: list[int]) -> bool:
+        if eos_id is not None and ids and ids[-1] == eos_id:
+            return True
+        if not stops:
+            return False
+        text = tokenizer.decode(ids[-64:])
+        return any(s in text for s in stops)
+    return fn
+
+
+def prefill(trunk: Trunk, prompts: Sequence[Sequence[int]], cache_len: int, pad_id: int = 0):
+    """Run all prompts through the trunk at once; returns (cache, last-position logits (B, V), hidden (B, L, d))."""
+    device = trunk.embed_tokens.weight.device
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    if int(lengths.min()) < 1:
+        raise ValueError("every prompt needs at least one token")
+    width = int(lengths.max())
+    idx = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        idx[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+    cache = trunk.new_cache(len(prompts), cache_len)
+    hidden = trunk.forward_hidden(idx, cache)
+    cache.rollback(lengths)
+    last = hidden[torch.arange(len(prompts), device=device), lengths - 1]
+    return cache, trunk.head(last), hidden
+
+
+@torch.no_grad()
+def generate(trunk: Trunk, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
+             top_p: float = 1.0, stop: StopFn | None = None, eos_id: int | None = None,
+             generator: torch.Generator | None = None) -> list[list[int]]:
+    """Completions (new token ids only) for each prompt. Stops a row at EOS, at `stop`, or at the limit."""
+    if not prompts:
+        return []
+    cache_len = max(len(p) for p in prompts) + max_new_tokens + 1
+    cache, logits, _ = prefill(trunk, prompts, cache_len, pad_id=eos_id or 0)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    active = list(range(len(prompts)))  # original row index of each batch row
+    for _ in range(max_new_tokens):
+        tokens = next_token(logits, temperature, top_p, generator)
+        keep = []
+        for row, tok in enumerate(tokens.tolist()):
+            i = active[row]
+            outputs[i].append(tok)
+            done = (eos_id is not None and tok == eos_id) or (stop is not None and stop(i, outputs[i]))
+            if not done:
+                keep.append(row)
+        if not keep:
+            break
+        if len(keep) < len(active):
+            rows = torch.tensor(keep, device=tokens.device)
+            cache.select(rows)
+            tokens = tokens[rows]
+            active = [active[r] for r in keep]
+        if len(outputs[active[0]]) >= max_new_tokens:  # active rows all have the same count
+            break
+        logits = trunk(tokens[:, None], cache)[:, -1]
+    return outputs

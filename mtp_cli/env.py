@@ -1,0 +1,86 @@
+"""Facts about where code runs: device choice, hardware description, git commit, matmul peak."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from mtp_cli.errors import UserError
+        raise UserError("device 'cuda' requested but CUDA is not available")
+    return torch.device(name)
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA; fp32 on CPU (bf16 matmul is ~100x slower on this kind of CPU)."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def hardware() -> dict:
+    info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+    return info
+
+
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 10) -> float:
+    """Best-of-`repeats` FLOP/s of an n×n matmul: the peak MFU is measured against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats + 2):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, cache_dir: Path) -> float:
+    """The measured peak, cached per machine/device/dtype/thread count so it is measured once."""
+    key = f"{cpu_model()}|{device.type}|{dtype}|{torch.get_num_threads()}"
+    path = cache_dir / "matmul_peak.json"
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if key not in table:
+        table[key] = measure_matmul_peak(device, dtype)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(table, indent=1))
+    return table[key]

@@ -1,0 +1,236 @@
+"""The Llama-style decoder trunk: RMSNorm, rotate-half RoPE, SwiGLU, optional GQA, KV cache.
+
+Parameter names and layouts mirror Hugging Face `LlamaForCausalLM` (q/k/v/o_proj, gate/up/down_proj,
+input_layernorm, post_attention_layernorm, norm, lm_head) so that export is a renaming. `Block` is
+the one transformer block class: trunk layers, DeepSeek-V3 MTP modules and Meta's parallel heads
+are all built from it.
+
+The KV cache keeps one write position per row, so rows of a batch may hold different lengths
+(ragged prompts, ragged speculative acceptance); rolling back is setting a row's length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtp_cli.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for rotate-half RoPE (the Hugging Face Llama convention)."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._build(max_len)
+
+    def _build(self, max_len: int) -> None:
+        t = torch.arange(max_len, dtype=torch.float, device=self.inv_freq.device)
+        freqs = torch.outer(t, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: (T,) shared by all rows, or (B, T). Returns cos, sin broadcastable to (B, T, H, D)."""
+        needed = int(positions.max()) + 1
+        if needed > self.cos.shape[0]:
+            self._build(max(needed, 2 * self.cos.shape[0]))
+        cos, sin = self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        return cos.unsqueeze(-2), sin.unsqueeze(-2)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class KVCache:
+    """Per-layer K/V buffers of shape (B, S_max, H_kv, D) with a per-row length.
+
+    Writes go to positions `lengths[b] + j`; a query at position p sees keys at positions <= p.
+    Slots beyond a row's length are stale and masked, so rollback is `lengths = new_lengths`.
+    """
+
+    def __init__(self, n_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        shape = (batch, max_len, kv_heads, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.max_len = max_len
+
+    @property
+    def batch(self) -> int:
+        return self.lengths.shape[0]
+
+    def positions(self, n_new: int) -> torch.Tensor:
+        """(B, n_new) absolute positions of the next n_new tokens of every row."""
+        pos = self.lengths[:, None] + torch.arange(n_new, device=self.lengths.device)[None, :]
+        if int(pos.max()) >= self.max_len:
+            raise RuntimeError(f"KV cache full: need position {int(pos.max())}, capacity {self.max_len}")
+        return pos
+
+    def advance(self, n_new: int | torch.Tensor) -> None:
+        self.lengths = self.lengths + n_new
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        self.lengths = lengths.clone()
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the given batch rows (e.g. drop finished sequences)."""
+        self.k = [k[rows] for k in self.k]
+        self.v = [v[rows] for v in self.v]
+        self.lengths = self.lengths[rows]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None, layer: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(B, T, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(B, T, self.kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim)
+        if cache is None:
+            mask, is_causal = None, True
+        else:
+            rows = torch.arange(B, device=x.device)[:, None]
+            cache.k[layer][rows, positions] = k.to(cache.k[layer].dtype)
+            cache.v[layer][rows, positions] = v.to(cache.v[layer].dtype)
+            span = int(positions.max()) + 1
+            k, v = cache.k[layer][:, :span], cache.v[layer][:, :span]
+            key_pos = torch.arange(span, device=x.device)
+            mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, S)
+            is_causal = False
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                             enable_gqa=self.kv_heads != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block (Llama decoder layer), causal."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None, layer: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, positions)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Trunk(nn.Module):
+    """The causal LM kept at inference: embed → blocks → final norm → lm_head.
+
+    `forward_hidden` returns the hidden state before the final norm; `head` applies the final
+    norm and unembedding (the "OutHead" that MTP modules share). `split` lets parallel heads
+    branch off at the input of the last block (Meta's shared trunk output).
+    """
+
+    def __init__(self, cfg: ModelConfig, n_layers: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.n_layers = cfg.n_layers if n_layers is None else n_layers
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(self.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.context, cfg.rope_theta)
+
+    @property
+    def unembed_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def unembed(self, normed: torch.Tensor) -> torch.Tensor:
+        return F.linear(normed, self.unembed_weight)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.unembed(self.norm(hidden))
+
+    def rope(self, T: int, device: torch.device, cache: KVCache | None, dtype: torch.dtype,
+             offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """cos, sin and cache write positions for T new tokens."""
+        if cache is None:
+            positions = None
+            cos, sin = self.rotary(torch.arange(offset, offset + T, device=device), dtype)
+        else:
+            positions = cache.positions(T)
+            cos, sin = self.rotary(positions, dtype)
+        return cos, sin, positions
+
+    def run_layers(self, x: torch.Tensor, start: int, stop: int, cache: KVCache | None,
+                   rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        cos, sin, positions = rope
+        for i in range(start, stop):
+            x = self.layers[i](x, cos, sin, cache, i, positions)
+        return x
+
+    def forward_hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = self.embed_tokens(idx)
+        rope = self.rope(idx.shape[1], idx.device, cache, x.dtype)
+        x = self.run_layers(x, 0, self.n_layers, cache, rope)
+        if cache is not None:
+            cache.advance(idx.shape[1])
+        return x
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for next-token prediction."""
+        return self.head(self.forward_hidden(idx, cache))
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        p = self.embed_tokens.weight
+        return KVCache(self.n_layers, batch, max_len or self.cfg.context, self.cfg.kv_heads,
+                       self.cfg.head_dim, p.device, p.dtype)
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """GPT-style init: normal(0, std) for linears/embeddings, ones for norms."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=std)
+        elif isinstance(m, RMSNorm):
+            nn.init.ones_(m.weight)

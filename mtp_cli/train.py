@@ -1,0 +1,331 @@
+"""The training loop: one run = one model + its MTP modules, checkpointed and resumable.
+
+AdamW with warmup + cosine/WSD, gradient clipping and accumulation, fp32 on CPU and bf16 autocast
+on CUDA, optional torch.compile, DistributedDataParallel under torchrun (gloo on CPU, NCCL on CUDA).
+Batches depend only on (seed, step), so a resumed run ends with the same weights as an uninterrupted
+one and N processes see the same global batch as one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mtp_cli import checkpoint as ckpt
+from mtp_cli import env, ui
+from mtp_cli.config import Recipe
+from mtp_cli.data import shards
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.errors import UserError
+from mtp_cli.evals import heldout
+from mtp_cli.model import MTPModel, parallel_backward
+from mtp_cli.schedule import lr_at
+
+# Keys of train.* that may change between an interrupted run and its resumption.
+RESUMABLE_TRAIN_KEYS = {"steps", "log_every", "eval_every", "ckpt_every", "eval_batches", "compile", "device"}
+
+
+def default_run_name(recipe: Recipe) -> str:
+    m = recipe.mtp
+    parts = [recipe.name, m.objective]
+    if m.objective == "sequential":
+        parts += [f"d{m.depth}", f"lam{m.weight:g}"]
+        if m.mtp_input != "post-norm":
+            parts.append(m.mtp_input)
+    elif m.objective == "parallel":
+        parts += [f"n{m.heads}", f"lam{m.weight:g}"]
+    parts.append(f"s{recipe.train.seed}")
+    return "-".join(parts)
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_name: str) -> Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    if not dist.is_initialized():
+        backend = "nccl" if (device_name != "cpu" and torch.cuda.is_available()) else "gloo"
+        dist.init_process_group(backend)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available() and device_name != "cpu":
+        torch.cuda.set_device(local)
+    return Dist(dist.get_rank(), dist.get_world_size(), local)
+
+
+def flops_per_token(model: MTPModel, context: int) -> float:
+    """Training FLOPs per token: 3 × (2 × matmul weights used + attention scores/values)."""
+    cfg = model.cfg
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and m is not model.trunk.lm_head)
+    unembed = cfg.vocab_size * cfg.d_model * (1 + model.n_extra)
+    n_blocks = model.trunk.n_layers + model.n_extra
+    attention = 4 * n_blocks * context * cfg.d_model
+    return 3 * (2 * (linear + unembed) + attention)
+
+
+def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool:
+    """Validate the output folder; returns True when a checkpoint should be resumed."""
+    run_json = out / ckpt.RUN_JSON
+    if not out.exists() or not any(out.iterdir()):
+        return False
+    if not run_json.is_file():
+        if force:
+            shutil.rmtree(out)
+            return False
+        raise UserError(f"output folder {out} is not empty and holds no run; choose another --out or pass --force")
+    if force:
+        for name in (ckpt.CHECKPOINT, ckpt.RUN_JSON, ckpt.METRICS, ckpt.CHECKPOINT + ".tmp"):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / ckpt.TOKENIZER, ignore_errors=True)
+        return False
+    stored = ckpt.read_json(run_json).get("recipe", {})
+    if not resume:
+        raise UserError(f"output folder {out} already holds a run; pass --resume to continue it or --force to start over")
+    mine = recipe.to_dict()
+    for section in ("model", "mtp", "data"):
+        if stored.get(section) != mine[section]:
+            raise UserError(f"output folder {out} holds a different run ({section} settings differ); "
+                            f"use another --out or --force to overwrite")
+    strip = lambda t: {k: v for k, v in t.items() if k not in RESUMABLE_TRAIN_KEYS}  # noqa: E731
+    if strip(stored.get("train", {})) != strip(mine["train"]):
+        raise UserError(f"output folder {out} holds a different run (train settings differ); use another --out or --force")
+    return (out / ckpt.CHECKPOINT).is_file()
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
+    t = recipe.train
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: torch.device, step: int) -> dict:
+    batches = shards.val_batches(data.val, recipe.train.eval_batches, recipe.train.batch_size, recipe.model.context)
+    scores = heldout.evaluate(model, batches, device)
+    return {"kind": "val", "step": step, **{f"val_{k}": v for k, v in scores.items()}}
+
+
+def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = False,
+          show_progress: bool = True) -> dict:
+    """Train one run into `out`; returns the run summary (also written to out/run.json)."""
+    recipe.validate()
+    t = recipe.train
+    ddp = init_distributed(t.device)
+    device = torch.device(f"cuda:{ddp.local_rank}") if env.pick_device(t.device).type == "cuda" else torch.device("cpu")
+    per_rank, rem = divmod(t.batch_size, ddp.world * t.grad_accum)
+    if rem or per_rank < 1:
+        raise UserError(f"train.batch_size ({t.batch_size}) must be a multiple of world size × grad_accum "
+                        f"({ddp.world} × {t.grad_accum})")
+    out = Path(out)
+    do_resume = _check_out_dir(out, recipe, resume, force) if ddp.main else False
+    if ddp.world > 1:
+        flag = [do_resume]
+        dist.broadcast_object_list(flag, src=0)
+        do_resume = flag[0]
+    out.mkdir(parents=True, exist_ok=True)
+
+    # Data: rank 0 builds the cache, the others read it.
+    if ddp.main:
+        data = shards.prepare(recipe.data, recipe.model.vocab_size)
+    if ddp.world > 1:
+        dist.barrier()
+    if not ddp.main:
+        data = shards.prepare(recipe.data, recipe.model.vocab_size)
+    if recipe.data.tokenizer != "bpe":
+        recipe.model.vocab_size = len(data.tokenizer)
+    elif len(data.tokenizer) > recipe.model.vocab_size:
+        raise UserError(f"tokenizer has {len(data.tokenizer)} tokens, more than model.vocab_size {recipe.model.vocab_size}")
+
+    torch.manual_seed(t.seed)
+    model = MTPModel(recipe.model, recipe.mtp).to(device)
+    optimizer = _optimizer(model, recipe)
+    start_step = 0
+    if do_resume:
+        state = ckpt.load_checkpoint(out)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_step = int(state["step"])
+    if ddp.main:
+        _truncate_metrics(out / ckpt.METRICS, start_step)
+        data.tokenizer.save_pretrained(out / ckpt.TOKENIZER)
+
+    amp_dtype = env.autocast_dtype(device)
+    autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
+    peak = t.peak_flops or env.matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data))
+    fpt = flops_per_token(model, recipe.model.context)
+    mem_efficient = recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient
+    forward_model: nn.Module = model
+    if t.compile and not mem_efficient:
+        forward_model = torch.compile(model)
+    if ddp.world > 1:
+        forward_model = DDP(forward_model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
+
+    counts = model.param_counts()
+    summary = {
+        "status": "running", "run": out.name, "objective": recipe.mtp.objective, "recipe": recipe.to_dict(),
+        "params": counts, "lambda": recipe.mtp.weight, "trunk_layers": model.trunk.n_layers,
+        "note": _architecture_note(recipe, model),
+        "data": {"key": data.key, "train_tokens": len(data.train), "val_tokens": len(data.val),
+                 "val_bytes": data.n_bytes_val, "documents": data.n_docs, "tokenizer": recipe.data.tokenizer,
+                 "tokenizer_size": len(data.tokenizer)},
+        "world_size": ddp.world, "device": str(device), "flops_per_token": fpt, "peak_flops": peak,
+        "env": env.hardware(), "git_commit": env.git_commit(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    if ddp.main:
+        ckpt.write_json(out / ckpt.RUN_JSON, summary)
+
+    tok_fp = toklib.fingerprint(data.tokenizer)
+    save = lambda step: ckpt.save_checkpoint(out, model, optimizer, step, recipe, {"tokenizer_fingerprint": tok_fp})  # noqa: E731
+    metrics_file = open(out / ckpt.METRICS, "a") if ddp.main else None
+    step_times: list[float] = []
+    tokens_per_step = t.batch_size * recipe.model.context
+    last_val: dict = {}
+    step = start_step
+    model.train()
+    bar = ui.progress(disable=not (show_progress and ddp.main))
+    try:
+        with bar:
+            task = bar.add_task(f"train {out.name}", total=t.steps, completed=start_step, info="")
+            while step < t.steps:
+                t0 = time.perf_counter()
+                lr = lr_at(step, t)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                lam = recipe.mtp.weight_at(step, t.steps)
+                x, y = shards.train_batch(data.train, step, t.seed, t.batch_size, recipe.model.context, ddp.rank, ddp.world)
+                x, y = x.to(device), y.to(device)
+                losses = _accumulate(forward_model, model, x, y, lam, t.grad_accum, mem_efficient, ddp, autocast)
+                if not all(math.isfinite(v) for v in losses.values()):
+                    raise UserError(f"loss is {losses['loss']} at step {step + 1}: training stopped, the last good "
+                                    f"checkpoint in {out} is kept (lower the learning rate?)")
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
+                if not math.isfinite(grad_norm):
+                    raise UserError(f"gradient norm is {grad_norm} at step {step + 1}: training stopped, the last good "
+                                    f"checkpoint in {out} is kept")
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                step += 1
+                step_times.append(dt)
+                row = {"kind": "train", "step": step, "lr": lr, "lambda": lam, **losses, "grad_norm": grad_norm,
+                       "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
+                       "mfu": fpt * tokens_per_step / dt / (peak * ddp.world)}
+                rows = [row] if (step % t.log_every == 0 or step == 1 or step == t.steps) else []
+                if step % t.eval_every == 0 or step == t.steps:
+                    last_val = _val_row(model, data, recipe, device, step)
+                    rows.append(last_val)
+                if metrics_file:
+                    for r in rows:
+                        metrics_file.write(json.dumps(r) + "\n")
+                    metrics_file.flush()
+                if ddp.main and (step % t.ckpt_every == 0 or step == t.steps):
+                    save(step)
+                info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
+                bar.update(task, completed=step, info=info + f" {tokens_per_step / dt:,.0f} tok/s")
+    except KeyboardInterrupt:
+        if ddp.main and ddp.world == 1 and step > start_step:
+            save(step)
+            ui.console.print(f"interrupted: checkpoint saved at step {step}; continue with --resume")
+        raise
+    finally:
+        if metrics_file:
+            metrics_file.close()
+
+    timed = step_times[1:] or step_times  # the first step pays for warm-up
+    summary.update({
+        "status": "done", "step": step,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "final": last_val or (_val_row(model, data, recipe, device, step) if ddp.main else {}),
+        "throughput": {
+            "step_time_s_median": statistics.median(timed) if timed else None,
+            "tokens_per_s_median": tokens_per_step / statistics.median(timed) if timed else None,
+            "mfu_median": fpt * tokens_per_step / statistics.median(timed) / (peak * ddp.world) if timed else None,
+            "peak_memory_mb": _peak_memory_mb(device),
+            "peak_memory_kind": "cuda max allocated" if device.type == "cuda" else "process max RSS",
+        },
+    })
+    if ddp.main:
+        ckpt.write_json(out / ckpt.RUN_JSON, summary)
+    return summary
+
+
+def _accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,
+                accum: int, mem_efficient: bool, ddp: Dist, autocast) -> dict[str, float]:
+    """Forward+backward over `accum` micro-batches; returns the mean losses of the step."""
+    totals: dict[str, float] = {}
+    for i, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
+        last = i == accum - 1
+        sync_ctx = forward_model.no_sync if (isinstance(forward_model, DDP) and (not last or mem_efficient)) else contextlib.nullcontext
+        with sync_ctx(), autocast():
+            if mem_efficient:
+                out = parallel_backward(model, xm, ym, lam, scale=1.0 / accum)
+            else:
+                out = forward_model(xm, ym, lam)
+                (out.loss / accum).backward()
+        parts = {"loss": out.loss.detach(), "loss_main": out.loss_main.detach(),
+                 **{f"loss_mtp_{k}": v.detach() for k, v in enumerate(out.loss_extra, 1)}}
+        for key, value in parts.items():
+            totals[key] = totals.get(key, 0.0) + float(value) / accum
+    if ddp.world > 1:
+        if mem_efficient:  # the one-head-at-a-time backward ran outside DDP's hooks: average by hand
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= ddp.world
+        keys = sorted(totals)
+        vec = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(vec)
+        totals = {k: float(v) / ddp.world for k, v in zip(keys, vec)}
+    return totals
+
+
+def _architecture_note(recipe: Recipe, model: MTPModel) -> str:
+    m = recipe.mtp
+    if m.objective == "parallel":
+        matched = (f"compute-matched: trunk has {model.trunk.n_layers} layers ({recipe.model.n_layers} - {m.heads - 1}); "
+                   if m.compute_matched else f"not compute-matched: trunk keeps {model.trunk.n_layers} layers; ")
+        return matched + f"{m.heads} heads, head 1 = the trunk's last layer; λ = {m.weight:g} over {m.heads - 1} extra heads"
+    if m.objective == "sequential":
+        sched = f", λ → {m.lambda_final:g} after {m.lambda_switch:.0%} of steps" if m.lambda_final is not None else ""
+        return f"{m.depth} sequential module(s), depth 1 fed the trunk's {m.mtp_input} state, λ = {m.weight:g}{sched}"
+    return "next-token prediction only"
