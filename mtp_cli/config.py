@@ -8,6 +8,9 @@ every entry point (train, ablate, tests) rejects the same bad input the same way
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import re
 import tomllib
 import types
 import typing
@@ -21,6 +24,10 @@ RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 OBJECTIVES = ("ntp", "sequential", "parallel")
 MTP_INPUTS = ("post-norm", "pre-norm")
 SCHEDULES = ("cosine", "wsd")
+EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
+SPEC_PROMPTS = ("humaneval", "gsm8k")
+VARIANT_SECTIONS = ("model", "mtp", "data", "train")
+_VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
 
 @dataclass
@@ -167,6 +174,66 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    """`mtp ablate`'s eval stage, run on the exported trunk (MTP modules discarded)."""
+
+    enabled: bool = True
+    tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
+    limits: dict[str, int] = field(default_factory=dict)  # task -> first N items; absent or 0 = all
+    gsm8k_data: str = "../shared/data/gsm8k"  # relative paths resolve against the repository; "" = online stock task
+
+    def limit(self, task: str) -> int | None:
+        return self.limits.get(task) or None
+
+    def validate(self) -> None:
+        for task in self.tasks:
+            if task not in EVAL_TASKS:
+                raise UserError(f"unknown eval task {task!r}; choose from {', '.join(EVAL_TASKS)}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise UserError(f"eval.tasks lists a task twice: {self.tasks}")
+        for task, n in self.limits.items():
+            if task not in EVAL_TASKS:
+                raise UserError(f"eval.limits names unknown task {task!r}; choose from {', '.join(EVAL_TASKS)}")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise UserError(f"eval.limits.{task} must be an integer >= 0 (0 = all), got {n!r}")
+
+
+@dataclass
+class SpecbenchConfig:
+    """`mtp ablate`'s specbench stage: MTP self-speculative decoding against plain greedy and peers."""
+
+    enabled: bool = True
+    prompts: str = "humaneval"  # humaneval | gsm8k | a prompt file
+    limit: int = 20
+    max_new_tokens: int = 128
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    repeats: int = 5
+    draft_len: int | None = None  # None: the run's own number of modules/heads
+
+    def validate(self) -> None:
+        for name in ("limit", "max_new_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise UserError(f"specbench.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise UserError(f"specbench.batch_sizes must be a non-empty list of sizes >= 1, got {self.batch_sizes}")
+        if self.draft_len is not None and self.draft_len < 1:
+            raise UserError(f"specbench.draft_len must be >= 1, got {self.draft_len}")
+
+
+@dataclass
+class Variant:
+    """One column of an ablation: a name plus overrides of the recipe's sections, e.g.
+    `{name = "seq-d1", mtp = {objective = "sequential", depth = 1, lambda = 0.3}}`."""
+
+    name: str = ""
+    description: str = ""
+    model: dict[str, Any] = field(default_factory=dict)
+    mtp: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Recipe:
     name: str = "custom"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -175,9 +242,9 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     # Sections used by `mtp ablate`; `mtp train` carries them along untouched.
     seeds: list[int] = field(default_factory=lambda: [0])
-    eval: dict[str, Any] = field(default_factory=dict)
-    specbench: dict[str, Any] = field(default_factory=dict)
-    variants: list[dict[str, Any]] = field(default_factory=list)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    specbench: SpecbenchConfig = field(default_factory=SpecbenchConfig)
+    variants: list[Variant] = field(default_factory=list)
     description: str = ""
 
     def validate(self) -> Recipe:
@@ -186,6 +253,51 @@ class Recipe:
         self.data.validate()
         self.train.validate()
         return self
+
+    def check_grid(self) -> Recipe:
+        """Validate what `mtp ablate` adds: seeds, eval/specbench settings, variant names and overrides."""
+        if not self.seeds:
+            raise UserError("recipe.seeds must list at least one seed")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise UserError(f"recipe.seeds lists a seed twice: {self.seeds}")
+        self.eval.validate()
+        self.specbench.validate()
+        seen: set[str] = set()
+        for v in self.variants:
+            if not v.name:
+                raise UserError("every variant needs a name")
+            if not _VARIANT_NAME.match(v.name):
+                raise UserError(f"variant name {v.name!r} must be letters, digits and . _ + = - (it names a folder)")
+            if v.name in seen:
+                raise UserError(f"variant name {v.name!r} is used twice")
+            seen.add(v.name)
+            run = self.for_run(v, self.seeds[0], validate=False)
+            run.model.validate()
+            run.mtp.validate()
+            run.train.validate()
+        return self
+
+    def grid_variants(self) -> list[Variant]:
+        """The recipe's variants; a recipe without any is one variant named after its objective."""
+        return self.variants or [Variant(name=self.mtp.objective)]
+
+    def for_run(self, variant: Variant, seed: int, validate: bool = True) -> Recipe:
+        """The plain single-run recipe of one grid cell: the variant's overrides applied, the seed set."""
+        base = self.to_dict()
+        sections = {}
+        for section in VARIANT_SECTIONS:
+            cls = type(getattr(self, section))
+            merged = {**base[section], **getattr(variant, section)}
+            sections[section] = from_dict(cls, merged, f"variant {variant.name!r}: {section}")
+        sections["train"].seed = seed
+        run = dataclasses.replace(self, **sections, seeds=[seed], variants=[],
+                                  description=variant.description or self.description)
+        return run.validate() if validate else run
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes results (the description does not)."""
+        data = {k: v for k, v in self.to_dict().items() if k != "description"}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return _to_toml_dict(self)
@@ -235,6 +347,8 @@ def _check_type(value: Any, annotation: Any, where: str) -> Any:
         return value
     if annotation is Any:
         return value
+    if dataclasses.is_dataclass(annotation):
+        return from_dict(annotation, value, where)
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation is int and isinstance(value, bool):
@@ -286,7 +400,7 @@ def load_recipe(name_or_path: str | Path = "quick") -> Recipe:
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"recipe {path} is not valid TOML: {exc}") from None
     data.setdefault("name", path.stem)
-    return from_dict(Recipe, data)
+    return from_dict(Recipe, data).check_grid()
 
 
 def recipe_from_dict(data: dict[str, Any]) -> Recipe:
