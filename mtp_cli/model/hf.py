@@ -1,0 +1,105 @@
+"""The trunk as a Hugging Face `LlamaForCausalLM`: the export that tools we did not write can load.
+
+The trunk mirrors Llama's parameter names and rotate-half RoPE, so conversion is a renaming
+(`x` -> `model.x`, `lm_head` kept as is); MTP modules are never part of it. With tied embeddings
+the checkpoint carries no `lm_head.weight` and the config says `tie_word_embeddings`.
+transformers 5 reads `rope_theta` from `rope_parameters`; older versions read the top-level key,
+so the config carries both.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from mtp_cli.config import ModelConfig
+from mtp_cli.errors import UserError
+from mtp_cli.model.trunk import Trunk
+
+EXPORT_INFO = "mtp_export.json"  # provenance: which run, step and objective the export came from
+
+
+def hf_config(model_cfg: ModelConfig, tokenizer, n_layers: int | None = None) -> LlamaConfig:
+    """A LlamaConfig describing the trunk (`n_layers` overrides the recipe's, e.g. compute-matched heads)."""
+    cfg = LlamaConfig(
+        vocab_size=model_cfg.vocab_size,
+        hidden_size=model_cfg.d_model,
+        intermediate_size=model_cfg.ffn_hidden,
+        num_hidden_layers=n_layers or model_cfg.n_layers,
+        num_attention_heads=model_cfg.n_heads,
+        num_key_value_heads=model_cfg.kv_heads,
+        head_dim=model_cfg.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=model_cfg.context,
+        rms_norm_eps=model_cfg.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(model_cfg.rope_theta)},
+        tie_word_embeddings=model_cfg.tie_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        architectures=["LlamaForCausalLM"],
+    )
+    cfg.rope_theta = float(model_cfg.rope_theta)
+    cfg.dtype = torch.float32
+    return cfg
+
+
+def hf_state_dict(trunk: Trunk) -> dict[str, torch.Tensor]:
+    """The trunk's weights under Llama's names (no lm_head when tied)."""
+    out = {}
+    for name, tensor in trunk.state_dict().items():
+        out[name if name.startswith("lm_head.") else f"model.{name}"] = tensor
+    return out
+
+
+def trunk_to_hf(trunk: Trunk, tokenizer) -> LlamaForCausalLM:
+    cfg = hf_config(trunk.cfg, tokenizer, trunk.n_layers)
+    model = LlamaForCausalLM(cfg)
+    missing, unexpected = model.load_state_dict(hf_state_dict(trunk), strict=False)
+    missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"trunk -> Llama renaming is incomplete: missing {missing}, unexpected {unexpected}")
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    return model.to(torch.float32).eval()
+
+
+def to_hf_model(run) -> LlamaForCausalLM:
+    """The trunk of a `LoadedRun` as an in-memory LlamaForCausalLM (fp32, eval mode)."""
+    return trunk_to_hf(run.model.trunk, run.tokenizer)
+
+
+def generation_config(tokenizer) -> GenerationConfig:
+    return GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, do_sample=False)
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write the run's trunk (MTP modules discarded) as a Hugging Face checkpoint folder; return it."""
+    from mtp_cli.checkpoint import load_run
+
+    run = load_run(run_dir)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} exists and is not a folder")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model = to_hf_model(run)
+    model.generation_config = generation_config(run.tokenizer)
+    model.save_pretrained(tmp, safe_serialization=True)
+    run.tokenizer.save_pretrained(tmp)
+    counts = run.model.param_counts()
+    (tmp / EXPORT_INFO).write_text(json.dumps({
+        "run": str(Path(run_dir).resolve()), "step": run.step, "objective": run.model.objective,
+        "trunk_params": counts["trunk"], "mtp_params_discarded": counts["mtp"],
+    }, indent=2) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.replace(out_dir)
+    return out_dir
