@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -56,3 +60,69 @@ def tiny_runs(tmp_path_factory) -> dict[str, Path]:
         runs[name] = root / name
         train(recipe, runs[name], show_progress=False)
     return runs
+
+
+# ---- helpers for the train / model / data / CLI tests (added below; fixtures above unchanged) ----
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def micro_recipe(objective: str = "ntp", steps: int = 4, **mtp_kw) -> Recipe:
+    """Smaller than `tiny_recipe`, for tests that train several runs: d_model 32, 3 layers, context 32,
+    batch 4, the same 512-token BPE (so the tokenizer/shard cache is shared with `tiny_recipe`)."""
+    recipe = tiny_recipe(objective, steps=steps, **mtp_kw)
+    recipe.name = "micro"
+    recipe.model = tiny_model_config(d_model=32, n_heads=2, ffn_hidden=64, context=32)
+    recipe.train = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=2, eval_every=steps, eval_batches=1,
+                               ckpt_every=steps, peak_flops=1e11)
+    return recipe
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def recipe_toml(recipe: Recipe) -> str:
+    """TOML text of a recipe's name and model/mtp/data/train sections (None values left out)."""
+    d = recipe.to_dict()
+    lines = [f"name = {_toml_value(d['name'])}"]
+    for section in ("model", "mtp", "data", "train"):
+        lines.append(f"\n[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in d[section].items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def write_recipe(recipe: Recipe, path: Path) -> Path:
+    path.write_text(recipe_toml(recipe))
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m mtp_cli ARGS` in a fresh process: the real entry point, its exit code and stderr.
+    The session's isolated MTP_CACHE_DIR is inherited through the environment."""
+    return subprocess.run([sys.executable, "-m", "mtp_cli", *map(str, args)], cwd=cwd or REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def folder_snapshot(folder: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under `folder` (to prove nothing changed)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def checkpoint_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(Path(run_dir) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+
+
+def max_state_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest absolute difference between two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)

@@ -1,0 +1,182 @@
+"""Guards the loss: the seed-lesson arithmetic, the alignment of every extra depth/head with its target,
+the λ/D weighting and DeepSeek's λ schedule — all through the project's own code (`mtp_cli.model.loss`,
+`MTPModel.forward`, `MTPConfig.weight_at`), checked against numbers and loops written from the definition.
+
+Alignment (DESIGN.md): a chunk t_1..t_{T+1} gives inputs t_1..t_T; extra prediction k at position
+i = 1..T-k predicts t_{i+k+1}; the last k positions carry no depth-k loss.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_model_config
+from mtp_cli.config import MTPConfig
+from mtp_cli.model import MTPModel
+from mtp_cli.model import loss as L
+
+V = 8
+
+
+def logits_giving(p: float, target: int, vocab: int = V) -> torch.Tensor:
+    """A logit row whose softmax puts probability `p` on `target`, the rest spread evenly."""
+    probs = torch.full((vocab,), (1 - p) / (vocab - 1), dtype=torch.float64)
+    probs[target] = p
+    return probs.log().float()
+
+
+# ---- the seed lesson ----------------------------------------------------------------------------
+
+def test_seed_lesson_single_position_losses():
+    """p = 0.70 / 0.60 / 0.50 for the next token / depth 1 / depth 2 at one position."""
+    y = torch.tensor([[3, 5, 1]])  # targets t_2, t_3, t_4 of a T = 3 chunk; position 1 is the one position
+    main = L.cross_entropy(logits_giving(0.70, 3)[None, None], y[:, :1])
+    d1 = L.offset_loss(logits_giving(0.60, 5)[None, None], y[:, :2], 1)  # T-1 = 1 logit row, target y[1]
+    d2 = L.offset_loss(logits_giving(0.50, 1)[None, None], y, 2)  # T-2 = 1 logit row, target y[2]
+    assert float(main) == pytest.approx(0.357, abs=5e-4)
+    assert float(d1) == pytest.approx(0.511, abs=5e-4)
+    assert float(d2) == pytest.approx(0.693, abs=5e-4)
+    total = L.combine(main, [d1, d2], lam=1.0)
+    assert float(total) == pytest.approx(0.959, abs=5e-4)
+    assert float(total) == pytest.approx(-math.log(0.7) - 0.5 * (math.log(0.6) + math.log(0.5)), rel=1e-6)
+
+
+def test_seed_lesson_through_full_length_logits():
+    """The same numbers when each depth gets logits over all T positions and offset_loss drops the
+    last k of them (positions without a depth-k target must not count)."""
+    T = 3
+    y = torch.tensor([[3, 5, 1]])
+    probs = {0: 0.70, 1: 0.60, 2: 0.50}
+    losses = []
+    for k, p in probs.items():
+        rows = []
+        for i in range(T):
+            if i + k < T:
+                rows.append(logits_giving(p, int(y[0, i + k])))
+            else:  # no target: a row that would be very wrong if it were counted
+                rows.append(logits_giving(1e-6, 0))
+        losses.append(L.offset_loss(torch.stack(rows)[None], y, k))
+    assert [round(float(x), 3) for x in losses] == [0.357, 0.511, 0.693]
+    assert round(float(L.combine(losses[0], losses[1:], 1.0)), 3) == 0.959
+
+
+def test_combine_weights_extras_by_lambda_over_depth():
+    main, extras = torch.tensor(2.0), [torch.tensor(1.0), torch.tensor(3.0), torch.tensor(5.0)]
+    assert float(L.combine(main, extras, 0.6)) == pytest.approx(2.0 + 0.6 / 3 * 9.0)
+    assert float(L.combine(main, [], 0.6)) == 2.0  # NTP: the main loss alone
+    assert float(L.combine(main, extras, 0.0)) == 2.0
+    assert L.extra_weight(0.6, 3) == pytest.approx(0.2)
+
+
+def test_extra_targets_and_valid_positions():
+    y = torch.arange(10).view(1, 10)
+    assert L.extra_targets(y, 0).tolist() == [list(range(10))]
+    assert L.extra_targets(y, 3).tolist() == [list(range(3, 10))]
+    logits = torch.zeros(1, 10, V)
+    assert L.valid_positions(logits, 3).shape == (1, 7, V)
+
+
+# ---- alignment through MTPModel.forward ------------------------------------------------------------
+
+def loop_loss(logits: torch.Tensor, chunk: torch.Tensor, k: int, shift: int = 0) -> float:
+    """Mean NLL of extra prediction k, target built from the definition one position at a time.
+
+    chunk[b] holds t_1..t_{T+1} (0-based: t_m = chunk[b, m-1]); logits[b, i-1] is position i.
+    `shift` moves the target (only to show the comparison is sharp)."""
+    B, T = chunk.shape[0], chunk.shape[1] - 1
+    total, n = 0.0, 0
+    for b in range(B):
+        for i in range(1, T - k + 1):  # positions i = 1..T-k
+            target = int(chunk[b, i + k + shift])  # t_{i+k+1}
+            row = logits[b, i - 1].double()
+            total += float(torch.logsumexp(row, 0) - row[target])
+            n += 1
+    return total / n
+
+
+ALIGN_CASES = {
+    "sequential-D3": MTPConfig(objective="sequential", depth=3, lambda_=0.5),
+    "sequential-D3-prenorm": MTPConfig(objective="sequential", depth=3, lambda_=0.5, mtp_input="pre-norm"),
+    "parallel-n4": MTPConfig(objective="parallel", heads=4),
+}
+
+
+@pytest.mark.parametrize("name", ALIGN_CASES)
+def test_per_depth_loss_matches_loop_over_positions(name):
+    torch.manual_seed(0)
+    # a large init makes the logits far from uniform, so a misaligned target cannot hide in the tolerance
+    cfg = tiny_model_config(vocab_size=64, n_layers=4, d_model=32, n_heads=2, ffn_hidden=64, context=16, init_std=0.5)
+    mtp_cfg = ALIGN_CASES[name]
+    model = MTPModel(cfg, mtp_cfg).eval()
+    B, T = 2, 12
+    chunk = torch.randint(0, cfg.vocab_size, (B, T + 1))
+    x, y = chunk[:, :-1], chunk[:, 1:]
+    with torch.no_grad():
+        out = model(x, y)
+        logits = model.all_logits(x)
+    D = mtp_cfg.n_extra
+    assert D == 3 and len(out.loss_extra) == D and len(logits) == D + 1
+    for k in range(D + 1):
+        assert logits[k].shape == (B, T - k, cfg.vocab_size), f"depth {k} must have T-k = {T - k} positions"
+    assert float(out.loss_main) == pytest.approx(loop_loss(logits[0], chunk, 0), rel=1e-5)
+    for k in range(1, D + 1):
+        expected = loop_loss(logits[k], chunk, k)
+        assert float(out.loss_extra[k - 1]) == pytest.approx(expected, rel=1e-5), f"depth {k}"
+        # the comparison is sharp: a target one token early (t_{i+k}) gives a different number
+        assert abs(loop_loss(logits[k], chunk, k, shift=-1) - expected) > 1e-3
+    lam = mtp_cfg.weight
+    expected_total = float(out.loss_main) + lam / D * sum(float(v) for v in out.loss_extra)
+    assert float(out.loss) == pytest.approx(expected_total, rel=1e-6)
+
+
+def test_forward_lambda_argument_overrides_default_weight():
+    torch.manual_seed(0)
+    cfg = tiny_model_config(vocab_size=64, n_layers=2, d_model=32, n_heads=2, ffn_hidden=64, context=16)
+    model = MTPModel(cfg, MTPConfig(objective="sequential", depth=2)).eval()
+    chunk = torch.randint(0, 64, (2, 11))
+    x, y = chunk[:, :-1], chunk[:, 1:]
+    with torch.no_grad():
+        default, half = model(x, y), model(x, y, lam=0.5)
+    extra = sum(float(v) for v in default.loss_extra)
+    assert float(default.loss) == pytest.approx(float(default.loss_main) + 0.3 / 2 * extra, rel=1e-6)
+    assert float(half.loss) == pytest.approx(float(half.loss_main) + 0.5 / 2 * extra, rel=1e-6)
+
+
+def test_ntp_loss_is_the_main_loss():
+    torch.manual_seed(0)
+    cfg = tiny_model_config(vocab_size=64, n_layers=2, d_model=32, n_heads=2, ffn_hidden=64, context=16)
+    model = MTPModel(cfg, MTPConfig(objective="ntp")).eval()
+    chunk = torch.randint(0, 64, (2, 11))
+    with torch.no_grad():
+        out = model(chunk[:, :-1], chunk[:, 1:])
+    assert out.loss_extra == []
+    assert torch.equal(out.loss, out.loss_main)
+
+
+# ---- λ defaults and schedule ------------------------------------------------------------------------
+
+def test_default_lambda_per_objective():
+    assert MTPConfig(objective="sequential").weight == 0.3  # DeepSeek-V3's first phase
+    assert MTPConfig(objective="parallel", heads=4).weight == 3.0  # Meta: plain sum over n-1 extra heads
+    assert MTPConfig(objective="sequential", lambda_=0.0).weight == 0.0  # an explicit 0 is kept
+
+
+def test_lambda_schedule_switches_after_fraction_of_steps():
+    cfg = MTPConfig(objective="sequential", lambda_=0.3, lambda_final=0.1, lambda_switch=0.5)
+    schedule = [cfg.weight_at(step, 10) for step in range(10)]
+    assert schedule == [0.3] * 5 + [0.1] * 5
+
+
+def test_lambda_constant_without_final_value():
+    cfg = MTPConfig(objective="sequential", lambda_=0.3)
+    assert {cfg.weight_at(step, 10) for step in range(10)} == {0.3}
+
+
+def test_lambda_schedule_edges():
+    at_start = MTPConfig(objective="sequential", lambda_=0.3, lambda_final=0.1, lambda_switch=0.0)
+    assert at_start.weight_at(0, 10) == 0.1
+    never = MTPConfig(objective="sequential", lambda_=0.3, lambda_final=0.1, lambda_switch=1.0)
+    assert [never.weight_at(s, 10) for s in range(10)] == [0.3] * 10
