@@ -79,6 +79,50 @@ def _train_table(summary: dict):
     return table
 
 
+@app.command()
+def ablate(
+    recipe: str = typer.Option(..., help="Recipe name (recipes/*.toml) or path to a TOML file with variants."),
+    only: Optional[str] = typer.Option(None, help="Run only these variants (comma-separated names)."),
+    seeds: Optional[str] = typer.Option(None, help="Run only these seeds, e.g. 0,1 (default: the recipe's)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and its estimated cost; run nothing."),
+    force: bool = typer.Option(False, help="Discard results in the folder that come from another recipe version."),
+    results_root: Path = typer.Option(Path("results"), help="Results go to RESULTS_ROOT/<recipe>/."),
+) -> None:
+    """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
+    from mtp_cli import ablate as ablation
+
+    seed_list = _int_list(seeds, "--seeds") if seeds is not None else None
+    ab = ablation.run_ablation(recipe, only=only, seeds=seed_list, dry_run=dry_run, force=force,
+                               results_root=results_root)
+    if dry_run:
+        ui.out.print(ablation.plan_table(ab))
+        return
+    for failure in ab.failures:
+        ui.console.print(f"[red]failed:[/red] {failure}", highlight=False, soft_wrap=True)
+    ui.out.print(f"summary written to {ab.summary}; render the report with `mtp report {ab.results_dir}`")
+    if ab.failures:
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(results_dir: Path = typer.Argument(..., help="An ablation's results folder, e.g. results/quick.")) -> None:
+    """Render REPORT.md, plots and terminal tables from stored results (trains nothing)."""
+    from mtp_cli import report as reporting
+
+    path = reporting.render_report(results_dir, console=ui.out)
+    ui.out.print(f"report written to {path}")
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{flag} expects comma-separated integers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{flag} is empty")
+    return values
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

@@ -1,0 +1,306 @@
+"""An ablation's results folder: its layout, when a stage's output is complete, and summary.csv's schema.
+
+    results/<recipe>/
+        recipe.lock.json        the recipe this folder belongs to (its fingerprint and full settings)
+        summary.csv             one row per run, columns = `COLUMNS` (+ per-depth/per-position columns)
+        REPORT.md, plots/       written by `mtp report`
+        runs/<variant>-s<seed>/ a run folder (run.json, metrics.jsonl, checkpoint.pt, tokenizer/) plus
+            export/             the trunk as a Hugging Face checkpoint (not committed)
+            eval.json           `mtp eval` on the exported trunk
+            specbench.json      `mtp specbench` of the run's MTP drafting
+            ablate.json         which variant/seed this is, and how long each stage took
+
+Everything here reads stored files only; nothing trains or evaluates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mtp_cli.config import Recipe
+
+STAGES = ("train", "export", "eval", "specbench")
+LOCK = "recipe.lock.json"
+SUMMARY = "summary.csv"
+REPORT = "REPORT.md"
+PLOTS = "plots"
+RUNS = "runs"
+EXPORT = "export"
+EVAL_JSON = "eval.json"
+SPEC_JSON = "specbench.json"
+ABLATE_JSON = "ablate.json"
+EXPORT_INFO = "mtp_export.json"
+GSM8K_STRICT = "exact_match,strict-match"
+GSM8K_FLEX = "exact_match,flexible-extract"
+MTP_METHOD = "mtp"
+GREEDY_METHOD = "greedy"
+
+
+def run_name(variant: str, seed: int) -> str:
+    return f"{variant}-s{seed}"
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class RunFolder:
+    """One run's stored results, read lazily."""
+
+    path: Path
+
+    @cached_property
+    def run(self) -> dict:
+        return _read(self.path / "run.json") or {}
+
+    @cached_property
+    def eval(self) -> dict:
+        return _read(self.path / EVAL_JSON) or {}
+
+    @cached_property
+    def spec(self) -> dict:
+        return _read(self.path / SPEC_JSON) or {}
+
+    @cached_property
+    def log(self) -> dict:
+        return _read(self.path / ABLATE_JSON) or {}
+
+    @cached_property
+    def metrics(self) -> list[dict]:
+        try:
+            lines = (self.path / "metrics.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    @property
+    def variant(self) -> str:
+        return self.log.get("variant") or self.path.name.rsplit("-s", 1)[0]
+
+    @property
+    def seed(self) -> int:
+        if "seed" in self.log:
+            return int(self.log["seed"])
+        tail = self.path.name.rsplit("-s", 1)[-1]
+        return int(tail) if tail.isdigit() else int(self.run.get("recipe", {}).get("train", {}).get("seed", 0))
+
+    # ---- pieces of the stored JSON the summary and the report use --------------------------
+    def eval_result(self, task: str) -> dict:
+        return (self.eval.get("results") or {}).get(task) or {}
+
+    def spec_batch(self, batch_size: int) -> dict:
+        """{method: metrics} at one batch size (empty when not measured)."""
+        return spec_batches(self.spec).get(batch_size, {})
+
+
+def spec_batches(spec: dict) -> dict[int, dict]:
+    """specbench.json's per-batch-size results as {batch size: {method: metrics}}."""
+    raw = spec.get("batch_sizes") or spec.get("results") or {}
+    if isinstance(raw, list):
+        return {int(item["batch_size"]): item.get("methods", {}) for item in raw}
+    return {int(bs): (v.get("methods", v) if isinstance(v, dict) else {}) for bs, v in raw.items()}
+
+
+# ---- when a stage's output is complete -----------------------------------------------------------
+def train_done(run: RunFolder, recipe: Recipe) -> bool:
+    return run.run.get("status") == "done" and int(run.run.get("step", 0)) >= recipe.train.steps
+
+
+def export_done(run: RunFolder, recipe: Recipe) -> bool:
+    info = _read(run.path / EXPORT / EXPORT_INFO)
+    return bool(info) and info.get("step") == run.run.get("step") and train_done(run, recipe)
+
+
+def eval_done(run: RunFolder, recipe: Recipe) -> bool:
+    return all(run.eval_result(task) for task in recipe.eval.tasks)
+
+
+def specbench_done(run: RunFolder, recipe: Recipe) -> bool:
+    measured = spec_batches(run.spec)
+    return all(bs in measured for bs in recipe.specbench.batch_sizes)
+
+
+DONE: dict[str, Callable[[RunFolder, Recipe], bool]] = {
+    "train": train_done, "export": export_done, "eval": eval_done, "specbench": specbench_done}
+
+
+def enabled_stages(recipe: Recipe) -> list[str]:
+    return [s for s in STAGES if s in ("train", "export") or (s == "eval" and recipe.eval.enabled and recipe.eval.tasks)
+            or (s == "specbench" and recipe.specbench.enabled)]
+
+
+def pending_stages(run: RunFolder, recipe: Recipe) -> list[str]:
+    """Stages still to run, in order. The export is only redone when a later stage needs it (it is
+    not committed with the results, so a clone with finished evals must not have to rebuild it)."""
+    stages = enabled_stages(recipe)
+    todo = [s for s in stages if not DONE[s](run, recipe)]
+    later = [s for s in stages if s in ("eval", "specbench")]
+    if "export" in todo and later and not set(later) & set(todo):
+        todo.remove("export")
+    return todo
+
+
+# ---- summary.csv: one schema ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Column:
+    name: str
+    doc: str
+    get: Callable[[RunFolder], Any]
+
+
+def _get(d: dict, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+def _ci(result: dict, key: str, side: int) -> Any:
+    """Lower (side 0) or upper (side 1) end of a result's 95% interval for `key`, if stored."""
+    for name in (f"{key}_ci95", "ci95", f"{key}_ci", "ci"):
+        ci = result.get(name)
+        if isinstance(ci, (list, tuple)) and len(ci) == 2:
+            return ci[side]
+        if isinstance(ci, dict) and key in ci:
+            return ci[key][side]
+    return None
+
+
+def _spec(bs: int, method: str, key: str) -> Callable[[RunFolder], Any]:
+    return lambda r: _get(r.spec_batch(bs), method, key)
+
+
+COLUMNS: list[Column] = [
+    Column("run", "run folder name, <variant>-s<seed>", lambda r: r.path.name),
+    Column("variant", "variant name from the recipe", lambda r: r.variant),
+    Column("seed", "training seed", lambda r: r.seed),
+    Column("objective", "ntp | sequential | parallel", lambda r: r.run.get("objective")),
+    Column("n_extra", "extra predictions: sequential depth D or parallel heads n-1", lambda r: _n_extra(r.run)),
+    Column("lambda", "MTP loss weight λ", lambda r: r.run.get("lambda") if r.run.get("objective") != "ntp" else None),
+    Column("mtp_input", "trunk state feeding sequential depth 1", lambda r: _mtp_input(r.run)),
+    Column("trunk_layers", "trunk layers (compute-matched parallel heads remove n-1)", lambda r: r.run.get("trunk_layers")),
+    Column("params_trunk", "trunk parameters (what is exported)", lambda r: _get(r.run, "params", "trunk")),
+    Column("params_mtp", "parameters of the MTP modules/heads (discarded at export)", lambda r: _get(r.run, "params", "mtp")),
+    Column("params_total", "all trained parameters", lambda r: _get(r.run, "params", "total")),
+    Column("steps", "optimizer steps trained", lambda r: r.run.get("step")),
+    Column("train_tokens_seen", "tokens processed in training", lambda r: _tokens_seen(r.run)),
+    Column("step_time_s", "median training step time (s)", lambda r: _get(r.run, "throughput", "step_time_s_median")),
+    Column("tokens_per_s", "median training tokens/s", lambda r: _get(r.run, "throughput", "tokens_per_s_median")),
+    Column("mfu", "median model FLOPs utilisation against the measured matmul peak", lambda r: _get(r.run, "throughput", "mfu_median")),
+    Column("peak_memory_mb", "peak training memory (CPU: process max RSS; CUDA: max allocated)", lambda r: _get(r.run, "throughput", "peak_memory_mb")),
+    Column("val_loss", "trunk validation cross-entropy at the end of training (nats/token)", lambda r: _get(r.run, "final", "val_loss")),
+    Column("val_top1", "trunk validation top-1 accuracy at the end of training", lambda r: _get(r.run, "final", "val_top1")),
+    Column("heldout_loss", "held-out cross-entropy of the exported trunk (nats/token)", lambda r: r.eval_result("heldout").get("loss")),
+    Column("heldout_loss_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("heldout"), "loss", 0)),
+    Column("heldout_loss_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("heldout"), "loss", 1)),
+    Column("heldout_bpb", "held-out bits per byte", lambda r: r.eval_result("heldout").get("bpb")),
+    Column("heldout_n", "held-out tokens scored", lambda r: r.eval_result("heldout").get("n")),
+    Column("humaneval_pass1", "HumanEval pass@1 (greedy)", lambda r: r.eval_result("humaneval").get("pass@1")),
+    Column("humaneval_pass1_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("humaneval"), "pass@1", 0)),
+    Column("humaneval_pass1_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("humaneval"), "pass@1", 1)),
+    Column("humaneval_n", "HumanEval problems scored", lambda r: r.eval_result("humaneval").get("n")),
+    Column("gsm8k_strict", "GSM8K exact match, strict-match", lambda r: r.eval_result("gsm8k").get(GSM8K_STRICT)),
+    Column("gsm8k_strict_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_STRICT, 0)),
+    Column("gsm8k_strict_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_STRICT, 1)),
+    Column("gsm8k_flexible", "GSM8K exact match, flexible-extract", lambda r: r.eval_result("gsm8k").get(GSM8K_FLEX)),
+    Column("gsm8k_flexible_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 0)),
+    Column("gsm8k_flexible_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 1)),
+    Column("gsm8k_n", "GSM8K questions scored", lambda r: r.eval_result("gsm8k").get("n")),
+    Column("spec_lossless", "MTP speculative output identical to plain greedy on every prompt (bs=1)", _spec(1, MTP_METHOD, "lossless")),
+    Column("spec_acceptance_rate", "accepted / drafted tokens (bs=1)", _spec(1, MTP_METHOD, "acceptance_rate")),
+    Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)", _spec(1, MTP_METHOD, "mean_acceptance_length")),
+    Column("spec_speedup", "measured speedup over our plain greedy (bs=1)", _spec(1, MTP_METHOD, "speedup")),
+    Column("spec_ideal_speedup", "MAL · T_step / (T_verify + Σ T_draft) from measured parts (bs=1)", _spec(1, MTP_METHOD, "ideal_speedup")),
+    Column("spec_tokens_per_s", "MTP speculative decoding tokens/s (bs=1)", _spec(1, MTP_METHOD, "tokens_per_s")),
+    Column("greedy_tokens_per_s", "our plain greedy decoding tokens/s (bs=1)", _spec(1, GREEDY_METHOD, "tokens_per_s")),
+]
+# Columns repeated per extra depth/head k (1-based) and per draft position i; see `summary_frame`.
+DEPTH_COLUMNS = {"val_loss_{k}": "validation loss of extra prediction k", "val_top1_{k}": "its top-1 accuracy",
+                 "val_agree_{k}": "how often its argmax equals the trunk's greedy token (acceptance proxy)"}
+POSITION_COLUMN = ("spec_accept_pos{i}", "measured acceptance at draft position i, bs=1 (vLLM's definition)")
+
+
+def _n_extra(run: dict) -> int | None:
+    mtp = _get(run, "recipe", "mtp") or {}
+    obj = run.get("objective")
+    if obj is None:
+        return None
+    return {"ntp": 0, "sequential": mtp.get("depth"), "parallel": (mtp.get("heads") or 1) - 1}.get(obj)
+
+
+def _mtp_input(run: dict) -> str | None:
+    return _get(run, "recipe", "mtp", "mtp_input") if run.get("objective") == "sequential" else None
+
+
+def _tokens_seen(run: dict) -> int | None:
+    train, model = _get(run, "recipe", "train") or {}, _get(run, "recipe", "model") or {}
+    if run.get("step") is None or not train:
+        return None
+    return int(run["step"]) * int(train.get("batch_size", 0)) * int(model.get("context", 0))
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def summary_row(run: RunFolder) -> dict[str, Any]:
+    row = {c.name: _clean(c.get(run)) for c in COLUMNS}
+    final = run.run.get("final") or {}
+    for k in range(1, (_n_extra(run.run) or 0) + 1):
+        for pattern in DEPTH_COLUMNS:
+            row[pattern.format(k=k)] = final.get(pattern.format(k=k))
+    per_pos = _get(run.spec_batch(1), MTP_METHOD, "per_position_acceptance") or []
+    for i, value in enumerate(per_pos, 1):
+        row[POSITION_COLUMN[0].format(i=i)] = value
+    return row
+
+
+def run_folders(results_dir: Path) -> list[RunFolder]:
+    """Run folders that hold a run.json, in recipe order when the lock says it, else by name."""
+    runs_dir = Path(results_dir) / RUNS
+    found = sorted(p for p in runs_dir.glob("*") if (p / "run.json").is_file()) if runs_dir.is_dir() else []
+    order = variant_order(results_dir)
+    folders = [RunFolder(p) for p in found]
+    return sorted(folders, key=lambda r: (order.get(r.variant, len(order)), r.variant, r.seed))
+
+
+def read_lock(results_dir: Path) -> dict:
+    return _read(Path(results_dir) / LOCK) or {}
+
+
+def variant_order(results_dir: Path) -> dict[str, int]:
+    variants = _get(read_lock(results_dir), "recipe", "variants") or []
+    return {v["name"]: i for i, v in enumerate(variants)}
+
+
+def summary_frame(results_dir: Path) -> pd.DataFrame:
+    rows = [summary_row(r) for r in run_folders(results_dir)]
+    base = [c.name for c in COLUMNS]
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return pd.DataFrame(columns=base)
+    extra = [c for c in frame.columns if c not in base]
+    return frame[base + extra]
+
+
+def write_summary(results_dir: Path) -> Path:
+    path = Path(results_dir) / SUMMARY
+    tmp = path.with_name(path.name + ".tmp")
+    summary_frame(results_dir).to_csv(tmp, index=False)
+    tmp.replace(path)
+    return path
