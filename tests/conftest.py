@@ -126,3 +126,14 @@ def max_state_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     """Largest absolute difference between two state dicts with the same keys."""
     assert a.keys() == b.keys()
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+@pytest.fixture
+def single_thread():
+    """Run a test's torch ops on one thread, then restore the count. Tiny models gain nothing from a
+    second thread, and on a shared 2-core machine an OpenMP barrier waiting for a descheduled thread
+    makes each op ~100x slower. Use it per module: pytestmark = pytest.mark.usefixtures("single_thread")."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

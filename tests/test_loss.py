@@ -18,6 +18,8 @@ from mtp_cli.config import MTPConfig
 from mtp_cli.model import MTPModel
 from mtp_cli.model import loss as L
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 V = 8
 
 
