@@ -83,9 +83,11 @@ class MTPConfig:
 
     @property
     def weight(self) -> float:
+        if self.objective == "ntp":
+            return 0.0
         if self.lambda_ is not None:
             return self.lambda_
-        return 0.3 if self.objective == "sequential" else float(max(self.heads - 1, 0))
+        return 0.3 if self.objective == "sequential" else float(self.heads - 1)
 
     def weight_at(self, step: int, total_steps: int) -> float:
         if self.lambda_final is not None and step >= self.lambda_switch * total_steps:
