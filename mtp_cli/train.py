@@ -105,6 +105,9 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
     if not resume:
         raise UserError(f"output folder {out} already holds a run; pass --resume to continue it or --force to start over")
     mine = recipe.to_dict()
+    if recipe.data.tokenizer != "bpe" and isinstance(stored.get("model"), dict):
+        # the vocabulary comes from the tokenizer (the stored recipe has it), not from the recipe
+        stored = {**stored, "model": {**stored["model"], "vocab_size": mine["model"]["vocab_size"]}}
     for section in ("model", "mtp", "data"):
         if stored.get(section) != mine[section]:
             raise UserError(f"output folder {out} holds a different run ({section} settings differ); "
@@ -118,7 +121,14 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
 def _truncate_metrics(path: Path, last_step: int) -> None:
     if not path.is_file():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a row torn by a kill mid-write
+            continue
+        if row.get("step", 0) <= last_step:
+            keep.append(line)
     ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 

@@ -1,0 +1,320 @@
+"""Guards the training loop: determinism (same seed, same loss curve), resume equality after a soft
+(Ctrl-C) or hard (crash) interruption, gradient accumulation, metrics.jsonl and run.json contents,
+the NaN/inf stop that keeps the last good checkpoint, and atomic checkpoint writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import checkpoint_weights, folder_snapshot, max_state_diff, micro_recipe
+from mtp_cli import checkpoint as ckpt
+from mtp_cli import train as trainer
+from mtp_cli.config import recipe_from_dict
+from mtp_cli.errors import UserError
+from mtp_cli.model import MTPModel
+from mtp_cli.schedule import lr_at
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def run(recipe, out: Path, **kw) -> dict:
+    return trainer.train(recipe, out, show_progress=False, **kw)
+
+
+def metrics(out: Path) -> tuple[list[dict], list[dict]]:
+    rows = [json.loads(line) for line in (out / ckpt.METRICS).read_text().splitlines()]
+    return [r for r in rows if r["kind"] == "train"], [r for r in rows if r["kind"] == "val"]
+
+
+def loss_curve(out: Path) -> list[tuple]:
+    train_rows, _ = metrics(out)
+    return [(r["step"], r["loss"], r["loss_main"], r.get("loss_mtp_1"), r["grad_norm"]) for r in train_rows]
+
+
+def stop_at(monkeypatch, step: int, exc: BaseException):
+    """Make the loop raise `exc` when it is about to run optimizer step `step` (0-based), i.e. after
+    `step` completed steps — like a Ctrl-C or a crash between two steps."""
+    real = trainer.lr_at
+
+    def lr_or_raise(s, cfg):
+        if s == step:
+            raise exc
+        return real(s, cfg)
+
+    monkeypatch.setattr(trainer, "lr_at", lr_or_raise)
+
+
+# ---- determinism and run outputs -------------------------------------------------------------------
+
+def seeded_recipe(seed: int = 0):
+    """Sequential D=2 with DeepSeek's λ schedule (0.3 -> 0.1 at half time), validation every 3 steps."""
+    r = micro_recipe("sequential", steps=6, depth=2, lambda_=0.3, lambda_final=0.1, lambda_switch=0.5)
+    r.train.eval_every = 3
+    r.train.seed = seed
+    return r
+
+
+@pytest.fixture(scope="module")
+def two_seeded_runs(tmp_path_factory):
+    """The same recipe trained twice into two folders."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("determinism")
+    summaries = [run(seeded_recipe(), root / "a"), run(seeded_recipe(), root / "b")]
+    torch.set_num_threads(threads)
+    return root / "a", root / "b", seeded_recipe(), summaries
+
+
+def test_same_seed_same_loss_curve_and_weights(two_seeded_runs):
+    a, b, _, _ = two_seeded_runs
+    assert loss_curve(a) == loss_curve(b)
+    assert max_state_diff(checkpoint_weights(a), checkpoint_weights(b)) == 0.0
+
+
+def test_different_seed_different_curve(two_seeded_runs, tmp_path):
+    a, _, _, _ = two_seeded_runs
+    run(seeded_recipe(seed=1), tmp_path / "c")
+    assert loss_curve(tmp_path / "c")[0][1] != loss_curve(a)[0][1]
+
+
+def test_metrics_one_row_per_step_with_all_fields(two_seeded_runs):
+    a, _, recipe, _ = two_seeded_runs
+    train_rows, val_rows = metrics(a)
+    assert [r["step"] for r in train_rows] == list(range(1, 7))
+    for r in train_rows:
+        for key in ("step", "lr", "lambda", "loss", "loss_main", "loss_mtp_1", "loss_mtp_2", "grad_norm",
+                    "tokens_per_s", "mfu"):
+            assert isinstance(r[key], (int, float)) and math.isfinite(r[key]), key
+        assert "loss_mtp_3" not in r
+        assert r["lr"] == pytest.approx(lr_at(r["step"] - 1, recipe.train))
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1
+        assert r["loss"] == pytest.approx(r["loss_main"] + r["lambda"] / 2 * (r["loss_mtp_1"] + r["loss_mtp_2"]), rel=1e-5)
+    # DeepSeek's λ schedule as the loop applied it: 0.3 for steps 1-3, then 0.1
+    assert [r["lambda"] for r in train_rows] == [0.3] * 3 + [0.1] * 3
+    # validation every eval_every steps: loss and top-1 per depth, agreement with the trunk
+    assert [r["step"] for r in val_rows] == [3, 6]
+    for r in val_rows:
+        for key in ("val_loss", "val_top1", "val_loss_1", "val_top1_1", "val_agree_1", "val_loss_2", "val_top1_2",
+                    "val_agree_2"):
+            assert math.isfinite(r[key]), key
+        assert 0 <= r["val_top1"] <= 1
+
+
+def test_run_json_summary(two_seeded_runs):
+    a, _, recipe, summaries = two_seeded_runs
+    info = json.loads((a / ckpt.RUN_JSON).read_text())
+    assert info["status"] == "done" and info["step"] == 6 and info["objective"] == "sequential"
+    model = MTPModel(recipe.model, recipe.mtp)
+    assert info["params"] == model.param_counts()
+    assert info["params"]["mtp"] > 0 and info["params"]["trunk"] > 0
+    assert re.fullmatch(r"[0-9a-f]{40}", info["git_commit"])
+    assert info["env"]["torch"] == torch.__version__
+    assert info["env"]["cpu"] and info["env"]["cpu_count"] >= 1 and info["device"] == "cpu"
+    assert recipe_from_dict(info["recipe"]).to_dict() == recipe.to_dict()
+    assert info["final"]["step"] == 6 and "val_loss" in info["final"]
+    assert info["throughput"]["tokens_per_s_median"] > 0
+    assert "depth 1 fed the trunk's post-norm state" in info["note"]
+    assert summaries[0]["params"] == info["params"]
+    assert (a / ckpt.TOKENIZER / "tokenizer.json").is_file()
+
+
+def test_parallel_run_says_compute_matched(tmp_path):
+    recipe = micro_recipe("parallel", steps=1, heads=2)
+    summary = run(recipe, tmp_path / "p")
+    assert summary["trunk_layers"] == recipe.model.n_layers - 1
+    assert "compute-matched: trunk has 2 layers (3 - 1)" in summary["note"]
+    assert summary["lambda"] == 1.0
+    train_rows, _ = metrics(tmp_path / "p")
+    assert set(train_rows[0]) >= {"loss_main", "loss_mtp_1"} and "loss_mtp_2" not in train_rows[0]
+
+
+# ---- resume equality -------------------------------------------------------------------------------
+
+def test_resume_after_ctrl_c_gives_the_same_weights(tmp_path, monkeypatch):
+    """Ctrl-C after 3 of 6 steps (the loop saves a checkpoint on interrupt), then --resume with the
+    same recipe: the same final weights and loss curve as an uninterrupted run."""
+    recipe = lambda: micro_recipe("sequential", steps=6, depth=1, lambda_=0.3, lambda_final=0.1, lambda_switch=0.6)  # noqa: E731
+    run(recipe(), tmp_path / "straight")
+    with monkeypatch.context() as m:
+        stop_at(m, 3, KeyboardInterrupt())
+        with pytest.raises(KeyboardInterrupt):
+            run(recipe(), tmp_path / "resumed")
+    assert torch.load(tmp_path / "resumed" / ckpt.CHECKPOINT, weights_only=True)["step"] == 3
+    run(recipe(), tmp_path / "resumed", resume=True)
+    assert max_state_diff(checkpoint_weights(tmp_path / "straight"), checkpoint_weights(tmp_path / "resumed")) == 0.0
+    assert loss_curve(tmp_path / "resumed") == loss_curve(tmp_path / "straight")
+
+
+@pytest.mark.parametrize("objective,kw", [("parallel", {"heads": 3}), ("ntp", {})])
+def test_resume_after_crash_from_periodic_checkpoint(tmp_path, monkeypatch, objective, kw):
+    """A crash after step 3 with checkpoints every 2 steps: resume restarts from step 2, drops the
+    metrics rows past it, and ends with the same weights and curve as an uninterrupted run."""
+    def recipe():
+        r = micro_recipe(objective, steps=6, **kw)
+        r.train.ckpt_every = 2
+        return r
+
+    run(recipe(), tmp_path / "straight")
+    with monkeypatch.context() as m:
+        stop_at(m, 3, RuntimeError("simulated crash"))
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run(recipe(), tmp_path / "resumed")
+    assert [r["step"] for r in metrics(tmp_path / "resumed")[0]] == [1, 2, 3]
+    assert torch.load(tmp_path / "resumed" / ckpt.CHECKPOINT, weights_only=True)["step"] == 2
+    run(recipe(), tmp_path / "resumed", resume=True)
+    assert max_state_diff(checkpoint_weights(tmp_path / "straight"), checkpoint_weights(tmp_path / "resumed")) == 0.0
+    assert loss_curve(tmp_path / "resumed") == loss_curve(tmp_path / "straight")
+
+
+def test_resume_survives_a_torn_metrics_line(tmp_path, monkeypatch):
+    """A process killed mid-write can leave half a JSON line at the end of metrics.jsonl; resume must
+    still work (the torn row is past the checkpoint anyway)."""
+    def recipe():
+        r = micro_recipe("ntp", steps=4)
+        r.train.ckpt_every = 2
+        return r
+
+    with monkeypatch.context() as m:
+        stop_at(m, 3, RuntimeError("killed"))
+        with pytest.raises(RuntimeError):
+            run(recipe(), tmp_path / "r")
+    with open(tmp_path / "r" / ckpt.METRICS, "a") as fh:
+        fh.write('{"kind": "train", "step": 4, "lr": 0.00')
+    run(recipe(), tmp_path / "r", resume=True)
+    assert [r["step"] for r in metrics(tmp_path / "r")[0]] == [1, 2, 3, 4]
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path):
+    recipe = micro_recipe("ntp", steps=2)
+    run(recipe, tmp_path / "r")
+    weights = checkpoint_weights(tmp_path / "r")
+    run(micro_recipe("ntp", steps=2), tmp_path / "r", resume=True)
+    assert max_state_diff(weights, checkpoint_weights(tmp_path / "r")) == 0.0
+    assert [r["step"] for r in metrics(tmp_path / "r")[0]] == [1, 2]
+
+
+def test_resume_with_a_pretrained_tokenizer(tmp_path, two_seeded_runs):
+    """With a tokenizer given by path the model's vocabulary comes from the tokenizer, not the
+    recipe; resuming the same recipe must still be recognised as the same run."""
+    a, _, _, _ = two_seeded_runs
+
+    def recipe(steps):
+        r = micro_recipe("ntp", steps=steps)
+        r.data.tokenizer = str(a / ckpt.TOKENIZER)
+        r.model.vocab_size = 1000  # ignored: the tokenizer has 512 tokens
+        return r
+
+    summary = run(recipe(2), tmp_path / "r")
+    assert summary["recipe"]["model"]["vocab_size"] == 512
+    run(recipe(3), tmp_path / "r", resume=True)
+    assert [r["step"] for r in metrics(tmp_path / "r")[0]] == [1, 2, 3]
+
+
+# ---- gradient accumulation ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("objective,kw", [("sequential", {"depth": 1}), ("parallel", {"heads": 2})])
+def test_grad_accumulation_matches_the_full_batch(tmp_path, objective, kw):
+    outs = []
+    for accum in (1, 2):
+        r = micro_recipe(objective, steps=2, **kw)
+        r.train.grad_accum = accum
+        run(r, tmp_path / f"accum{accum}")
+        outs.append(checkpoint_weights(tmp_path / f"accum{accum}"))
+    assert max_state_diff(*outs) < 1e-5
+
+
+# ---- NaN stop, atomic checkpoints --------------------------------------------------------------------
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    recipe = micro_recipe("sequential", steps=6, depth=1)
+    recipe.train.ckpt_every = 2
+    real_forward = MTPModel.forward
+    calls = {"n": 0}
+
+    def forward_nan_at_step_4(self, idx, targets, lam=None):
+        out = real_forward(self, idx, targets, lam)
+        calls["n"] += 1
+        if calls["n"] == 4:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(MTPModel, "forward", forward_nan_at_step_4)
+    with pytest.raises(UserError) as info:
+        run(recipe, tmp_path / "r")
+    message = str(info.value)
+    assert "\n" not in message and "nan" in message.lower() and "step 4" in message
+    assert "checkpoint" in message
+    state = torch.load(tmp_path / "r" / ckpt.CHECKPOINT, weights_only=True)
+    assert state["step"] == 2
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_inf_gradient_stops_before_the_optimizer_step(tmp_path, monkeypatch):
+    recipe = micro_recipe("ntp", steps=4)
+    recipe.train.ckpt_every = 1
+    real = torch.nn.utils.clip_grad_norm_
+    calls = {"n": 0}
+
+    def clip_inf_at_step_3(params, max_norm, *a, **k):
+        calls["n"] += 1
+        params = list(params)
+        if calls["n"] == 3:
+            params[0].grad.fill_(float("inf"))
+        return real(params, max_norm, *a, **k)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_inf_at_step_3)
+    with pytest.raises(UserError, match="step 3"):
+        run(recipe, tmp_path / "r")
+    state = torch.load(tmp_path / "r" / ckpt.CHECKPOINT, weights_only=True)
+    assert state["step"] == 2
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_checkpoint_is_written_atomically(tmp_path, monkeypatch):
+    recipe = micro_recipe("ntp", steps=1)
+    run(recipe, tmp_path / "r")
+    before = folder_snapshot(tmp_path / "r")
+    good = checkpoint_weights(tmp_path / "r")
+
+    def torn_save(obj, path, *a, **k):
+        Path(path).write_bytes(b"half a checkpoint")  # a write cut short ...
+        raise OSError("disk full")  # ... and the process dies
+
+    monkeypatch.setattr(ckpt.torch, "save", torn_save)
+    model = MTPModel(recipe.model, recipe.mtp)
+    with pytest.raises(OSError):
+        ckpt.save_checkpoint(tmp_path / "r", model, None, 5, recipe)
+    after = folder_snapshot(tmp_path / "r")
+    assert after[ckpt.CHECKPOINT] == before[ckpt.CHECKPOINT]
+    assert max_state_diff(good, ckpt.load_checkpoint(tmp_path / "r")["model"]) == 0.0
+
+
+def test_force_starts_over(tmp_path):
+    run(micro_recipe("ntp", steps=2), tmp_path / "r")
+    (tmp_path / "r" / "notes.txt").write_text("mine")
+    run(micro_recipe("ntp", steps=1), tmp_path / "r", force=True)
+    assert [r["step"] for r in metrics(tmp_path / "r")[0]] == [1]
+    assert (tmp_path / "r" / "notes.txt").read_text() == "mine"  # --force replaces the run, not the user's files
+
+
+def test_output_folder_checks(tmp_path):
+    run(micro_recipe("ntp", steps=1), tmp_path / "r")
+    before = folder_snapshot(tmp_path / "r")
+    with pytest.raises(UserError, match="--resume"):
+        run(micro_recipe("ntp", steps=1), tmp_path / "r")
+    with pytest.raises(UserError, match="different run"):
+        run(micro_recipe("sequential", steps=1, depth=1), tmp_path / "r", resume=True)
+    assert folder_snapshot(tmp_path / "r") == before
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep.txt").write_text("x")
+    with pytest.raises(UserError, match="not empty"):
+        run(micro_recipe("ntp", steps=1), tmp_path / "other")
+    shutil.rmtree(tmp_path / "r")
