@@ -10,6 +10,7 @@ Under torchrun only the (collective) train stage runs; a plain `mtp ablate` afte
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import time
@@ -96,26 +97,16 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
         ui.console.print(f"torchrun with {world} processes: running the train stage only; "
                          f"run `mtp ablate --recipe {ab.source}` without torchrun for the rest")
     todo = [(cell, [s for s in cell.pending if s in stages]) for cell in ab.cells]
-    grid = ui.progress(disable=not show_progress or rank != 0)
+    view = GridView(ab, todo, disable=not show_progress or rank != 0)
     try:
-        with grid:
-            overall = grid.add_task(f"ablate {ab.recipe.name}", total=sum(len(s) for _, s in todo), info="")
-            rows = {cell.name: grid.add_task(f"  {cell.name}", total=len(results.STAGES),
-                                             completed=len(results.STAGES) - len(cell.pending),
-                                             info="done" if not stages_of else "waiting")
-                    for cell, stages_of in todo}
+        with view.progress:
             for cell, cell_stages in todo:
                 for stage in cell_stages:
-                    grid.update(rows[cell.name], info=stage)
-                    ok = _run_stage(ab, cell, stage, show_progress and rank == 0)
-                    grid.update(overall, advance=1)
-                    grid.update(rows[cell.name], advance=1)
+                    view.start(cell, stage)
+                    ok = _run_stage(ab, cell, stage, view)
+                    view.finish(cell, stage, ok)
                     if not ok:
-                        grid.update(rows[cell.name], info="[red]failed[/red]")
-                        grid.update(overall, advance=len(cell_stages) - cell_stages.index(stage) - 1)
                         break
-                else:
-                    grid.update(rows[cell.name], info="done")
                 if rank == 0:
                     results.write_summary(ab.results_dir)
     except KeyboardInterrupt:
@@ -131,14 +122,74 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
     return ab
 
 
+class GridView:
+    """The Rich progress view across the grid: one row for the whole ablation, one per run (stages
+    done / 4), and a row for the training under way (its steps, read from its metrics.jsonl)."""
+
+    def __init__(self, ab: Ablation, todo: list[tuple[Cell, list[str]]], disable: bool):
+        self.progress = ui.progress(disable=disable)
+        self.show_nested = not disable  # eval/specbench draw their own bars inside this view
+        self.todo = {cell.name: stages for cell, stages in todo}
+        self.overall = self.progress.add_task(f"ablate {ab.recipe.name}", total=sum(map(len, self.todo.values())),
+                                              info="stages")
+        n = len(results.STAGES)
+        self.rows = {cell.name: self.progress.add_task(f"  {cell.name}", total=n, completed=n - len(cell.pending),
+                                                       info="waiting" if stages else "done") for cell, stages in todo}
+        self.train_task = None
+
+    def start(self, cell: Cell, stage: str) -> None:
+        self.progress.update(self.rows[cell.name], info=stage)
+
+    def finish(self, cell: Cell, stage: str, ok: bool) -> None:
+        stages = self.todo[cell.name]
+        skipped = 0 if ok else len(stages) - stages.index(stage) - 1
+        self.progress.update(self.overall, advance=1 + skipped)
+        self.progress.update(self.rows[cell.name], advance=1)
+        last = stage == stages[-1]
+        self.progress.update(self.rows[cell.name], info="done" if ok and last else ("[red]failed[/red]" if not ok else "…"))
+
+    def training(self, cell: Cell, metrics: Path) -> None:
+        """Show the steps of a training running in a child process (polled from its metrics)."""
+        step, loss = _last_train_step(metrics)
+        total = cell.recipe.train.steps
+        info = f"loss {loss:.3f}" if loss is not None else ""
+        if self.train_task is None:
+            self.train_task = self.progress.add_task(f"  train {cell.name}", total=total, completed=step, info=info)
+        else:
+            self.progress.update(self.train_task, description=f"  train {cell.name}", total=total, completed=step,
+                                 info=info)
+
+    def training_done(self) -> None:
+        if self.train_task is not None:
+            self.progress.remove_task(self.train_task)
+            self.train_task = None
+
+
+def _last_train_step(metrics: Path) -> tuple[int, float | None]:
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return 0, None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("kind") == "train":
+            return int(row["step"]), row.get("loss_main")
+    return 0, None
+
+
 # ---- the stages -----------------------------------------------------------------------------------
-def _run_stage(ab: Ablation, cell: Cell, stage: str, show_progress: bool) -> bool:
+def _run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
     """Run one stage and log its wall time; False (and the traceback in ablate.log) if it crashed.
     Bad input (UserError) and Ctrl-C stop the whole ablation instead."""
     cell.run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     try:
-        STAGE_FUNCS[stage](ab, cell, show_progress)
+        STAGE_FUNCS[stage](cell, view)
     except (UserError, KeyboardInterrupt):
         raise
     except Exception as exc:  # a crash in one run must not cost the others
@@ -151,19 +202,83 @@ def _run_stage(ab: Ablation, cell: Cell, stage: str, show_progress: bool) -> boo
     return True
 
 
-def _train(ab: Ablation, cell: Cell, show_progress: bool) -> None:
-    from mtp_cli.train import train
+def _train(cell: Cell, view: GridView) -> None:
+    """Train in a fresh process, so that its peak memory is its own (not the ablation's so far) and
+    no state leaks between runs. Under torchrun the ranks train in-process (the collectives need them)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from mtp_cli.train import train
 
-    train(cell.recipe, cell.run_dir, resume=True, show_progress=show_progress)
+        train(cell.recipe, cell.run_dir, resume=True, show_progress=view.show_nested)
+        return
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    import torch
+
+    child = ctx.Process(target=_train_child, name=f"train {cell.name}",
+                        args=(cell.recipe.to_dict(), str(cell.run_dir), torch.get_num_threads(), send))
+    child.start()
+    send.close()
+    try:
+        while child.is_alive():
+            view.training(cell, cell.run_dir / "metrics.jsonl")
+            child.join(0.5)
+    except KeyboardInterrupt:
+        child.join()  # the same Ctrl-C reached the child, which saves a checkpoint before it exits
+        raise
+    finally:
+        view.training_done()
+    message = receive.recv() if receive.poll() else ("error", f"training process exited with code {child.exitcode}")
+    kind, text = message
+    if kind == "user_error":
+        raise UserError(text)
+    if kind == "interrupted":
+        raise KeyboardInterrupt
+    if kind != "ok":
+        raise RuntimeError(text)
 
 
-def _export(ab: Ablation, cell: Cell, show_progress: bool) -> None:
+def _train_child(recipe_dict: dict, run_dir: str, threads: int, send) -> None:
+    _die_with_parent()
+    try:
+        import torch
+
+        from mtp_cli.config import recipe_from_dict
+        from mtp_cli.train import train
+
+        torch.set_num_threads(threads)  # the ablation's own setting, not the library default
+
+        train(recipe_from_dict(recipe_dict), run_dir, resume=True, show_progress=False)
+        send.send(("ok", ""))
+    except UserError as exc:
+        send.send(("user_error", str(exc)))
+    except KeyboardInterrupt:
+        send.send(("interrupted", ""))
+    except BaseException:
+        send.send(("error", traceback.format_exc().strip().splitlines()[-1]))
+        raise
+
+
+def _die_with_parent() -> None:
+    """Linux: the training child is killed with the ablation, so a restart never races an orphan."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _export(cell: Cell, view: GridView) -> None:
+    from transformers.utils import logging as hf_logging
+
     from mtp_cli.model.hf import export_run
 
+    hf_logging.disable_progress_bar()
     export_run(cell.run_dir, cell.run_dir / results.EXPORT)
 
 
-def _eval(ab: Ablation, cell: Cell, show_progress: bool) -> None:
+def _eval(cell: Cell, view: GridView) -> None:
     from mtp_cli.evals.runner import run_eval
 
     cfg = cell.recipe.eval
@@ -172,17 +287,17 @@ def _eval(ab: Ablation, cell: Cell, show_progress: bool) -> None:
         if task in done:
             continue
         run_eval(cell.run_dir, tasks=(task,), limit=cfg.limit(task), gsm8k_data=gsm8k_data(cell.recipe),
-                 json_path=cell.run_dir / f"eval-{task}.json", show_progress=show_progress)
+                 json_path=cell.run_dir / f"eval-{task}.json", show_progress=view.show_nested)
         merge_eval(cell.run_dir, task)
 
 
-def _specbench(ab: Ablation, cell: Cell, show_progress: bool) -> None:
+def _specbench(cell: Cell, view: GridView) -> None:
     from mtp_cli.decode.bench import run_specbench
 
     cfg = cell.recipe.specbench
     run_specbench(cell.run_dir, prompts=cfg.prompts, limit=cfg.limit, max_new_tokens=cfg.max_new_tokens,
                   batch_sizes=tuple(cfg.batch_sizes), repeats=cfg.repeats, draft_len=cfg.draft_len,
-                  json_path=cell.run_dir / results.SPEC_JSON, show_progress=show_progress)
+                  json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested)
 
 
 STAGE_FUNCS = {"train": _train, "export": _export, "eval": _eval, "specbench": _specbench}
