@@ -60,7 +60,7 @@ def train(
     summary = trainer.train(r, out, resume=resume, force=force)
     if summary.get("final"):
         ui.out.print(_train_table(summary))
-    ui.out.print(f"run saved to {out}")
+    ui.out.print(f"run saved to {out}", markup=False)
 
 
 def _train_table(summary: dict):
@@ -124,10 +124,12 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def main() -> None:
+    from rich.markup import escape  # messages carry user paths: "[...]" in them is text, not markup
+
     try:
         app(standalone_mode=False)
     except UserError as exc:
-        ui.console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        ui.console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Abort:
         ui.console.print("aborted")
