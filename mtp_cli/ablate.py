@@ -372,7 +372,7 @@ def _display_path(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(env.REPO))
     except ValueError:
-        return str(path)
+        return str(path.resolve())
 
 
 def _now() -> str:
