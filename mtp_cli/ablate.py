@@ -409,7 +409,7 @@ def plan_table(ab: Ablation):
     more = f" + {unknown} stage(s) not yet measured" if unknown else ""
     table.add_section()
     table.add_row("total", f"{len(ab.cells)} runs", f"{sum(len(c.pending) for c in ab.cells)} stages",
-                  _duration(total), more.strip())
+                  _duration(total) + (" + ?" if unknown else ""), more.strip())
     return table
 
 

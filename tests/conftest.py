@@ -137,3 +137,75 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---- a finished micro ablation, shared by test_ablate and test_report ----
+
+def ablation_toml(name: str = "micro-abl", seeds=(0, 1), steps: int = 6, eval_tasks=("heldout", "humaneval", "gsm8k"),
+                  specbench: bool = True, variants: str | None = None, extra: str = "") -> str:
+    """A recipe TOML for `mtp ablate` at micro scale: ntp vs sequential D=1 by default, tiny eval limits."""
+    files = ", ".join(json.dumps(f) for f in TINY_FILES)
+    variants = variants if variants is not None else (
+        '[[variants]]\nname = "ntp"\n\n[[variants]]\nname = "seq-d1"\n'
+        'mtp = { objective = "sequential", depth = 1, lambda = 0.3 }\n')
+    return f"""name = "{name}"
+description = "micro ablation for the tests"
+seeds = [{", ".join(map(str, seeds))}]
+{extra}
+[model]
+vocab_size = 512
+n_layers = 3
+d_model = 32
+n_heads = 2
+ffn_hidden = 64
+context = 32
+
+[data]
+source = "files"
+paths = [{files}]
+
+[train]
+steps = {steps}
+batch_size = 4
+warmup = 2
+eval_every = {steps}
+eval_batches = 1
+ckpt_every = {max(steps // 2, 1)}
+peak_flops = 1e11
+
+[eval]
+enabled = {"true" if eval_tasks else "false"}
+tasks = [{", ".join(json.dumps(t) for t in eval_tasks)}]
+limits = {{ humaneval = 2, gsm8k = 2 }}
+gsm8k_data = {json.dumps(str(REPO.parent / "shared" / "data" / "gsm8k"))}
+
+[specbench]
+enabled = {"true" if specbench else "false"}
+limit = 2
+max_new_tokens = 8
+repeats = 5
+
+{variants}"""
+
+
+@pytest.fixture(scope="session")
+def tiny_ablation(tmp_path_factory) -> Path:
+    """A finished `mtp ablate` of `ablation_toml()` (ntp and seq-d1 × seeds 0, 1) -> its results folder."""
+    from mtp_cli.ablate import run_ablation
+
+    root = tmp_path_factory.mktemp("ablation")
+    recipe = root / "micro-abl.toml"
+    import importlib.util  # TEMPORARY until the eval and specbench stages land
+
+    have_eval = importlib.util.find_spec("mtp_cli.evals.runner") is not None
+    have_bench = importlib.util.find_spec("mtp_cli.decode.bench") is not None
+    recipe.write_text(ablation_toml(eval_tasks=("heldout", "humaneval", "gsm8k") if have_eval else (),
+                                    specbench=have_bench))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the training children inherit it (see single_thread)
+    try:
+        ab = run_ablation(recipe, results_root=root / "results", show_progress=False)
+    finally:
+        torch.set_num_threads(before)
+    assert not ab.failures, ab.failures
+    return ab.results_dir

@@ -1,0 +1,241 @@
+"""`mtp ablate`: the grid runs end to end, a second run redoes nothing, an interrupted training resumes
+from its checkpoint (in-process Ctrl-C, and a real SIGKILL in the slow suite), a results folder is tied
+to one recipe version, the dry run writes nothing, and bad input is one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, ablation_toml, folder_snapshot
+from mtp_cli import ablate, cli, results
+from mtp_cli.errors import UserError
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def mtp(*args: str, capsys) -> tuple[int, str, str]:
+    """The real CLI entry point, in-process: (exit code, stdout, stderr)."""
+    argv = sys.argv
+    sys.argv = ["mtp", *map(str, args)]
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_grid_runs_every_stage_and_writes_one_summary_row_per_run(tiny_ablation):
+    summary = pd.read_csv(tiny_ablation / results.SUMMARY)
+    assert list(summary["run"]) == ["ntp-s0", "ntp-s1", "seq-d1-s0", "seq-d1-s1"]
+    assert list(summary.columns[: len(results.COLUMNS)]) == [c.name for c in results.COLUMNS]
+    assert set(summary["objective"]) == {"ntp", "sequential"}
+    assert (summary["steps"] == 6).all() and summary["val_loss"].notna().all()
+    seq = summary[summary["variant"] == "seq-d1"]
+    assert seq["val_agree_1"].notna().all() and (seq["params_mtp"] > 0).all()
+    lock = results.read_lock(tiny_ablation)
+    assert lock["recipe_name"] == "micro-abl" and [v["name"] for v in lock["recipe"]["variants"]] == ["ntp", "seq-d1"]
+    assert not any(c.pending for c in ablate.plan(Path(lock["source"]), results_root=tiny_ablation.parent).cells)
+    for run in results.run_folders(tiny_ablation):
+        assert set(run.log["stages"]) >= {"train", "export"}
+        assert (run.path / results.EXPORT / "model.safetensors").is_file()
+
+
+def test_second_run_redoes_nothing(tiny_ablation, monkeypatch):
+    source = Path(results.read_lock(tiny_ablation)["source"])
+    before = folder_snapshot(tiny_ablation / results.RUNS)
+    for name in ablate.STAGE_FUNCS:  # any stage that runs again fails the test
+        monkeypatch.setitem(ablate.STAGE_FUNCS, name, lambda *a, _n=name: pytest.fail(f"{_n} ran again"))
+    ab = ablate.run_ablation(source, results_root=tiny_ablation.parent, show_progress=False)
+    assert all(not c.pending for c in ab.cells) and not ab.failures
+    assert folder_snapshot(tiny_ablation / results.RUNS) == before
+
+
+def test_dry_run_plans_and_estimates_without_writing(tmp_path, capsys):
+    recipe = tmp_path / "fresh.toml"
+    recipe.write_text(ablation_toml("fresh", seeds=(0, 1, 2)))
+    code, out, err = mtp("ablate", "--recipe", recipe, "--dry-run", "--results-root", tmp_path / "res", capsys=capsys)
+    assert code == 0, err
+    assert not (tmp_path / "res").exists()
+    for name in ("ntp-s0", "ntp-s2", "seq-d1-s1"):
+        assert name in out
+    assert "TFLOP" in out and "total" in out
+    ab = ablate.plan(recipe, only="seq-d1", seeds=[1], results_root=tmp_path / "res")
+    assert [c.name for c in ab.cells] == ["seq-d1-s1"] and ab.cells[0].pending[:2] == ["train", "export"]
+
+
+def test_dry_run_uses_measured_times(tiny_ablation, capsys):
+    source = Path(results.read_lock(tiny_ablation)["source"])
+    ab = ablate.run_ablation(source, seeds=[0, 1, 7], dry_run=True, results_root=tiny_ablation.parent)
+    pending = {c.name: c.pending for c in ab.cells}
+    assert pending["ntp-s0"] == [] and pending["ntp-s7"][:2] == ["train", "export"]
+    from mtp_cli.cost import Estimator
+
+    est = Estimator(ab.results_dir, ab.recipe)
+    cell = next(c for c in ab.cells if c.name == "ntp-s7")
+    assert "measured" in est.stage(cell, "export").basis
+
+
+def test_interrupted_training_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    recipe_path = tmp_path / "resume.toml"
+    recipe_path.write_text(ablation_toml("resume", seeds=(0,), steps=8, eval_tasks=(), specbench=False,
+                                         variants='[[variants]]\nname = "ntp"\n'))
+    ab = ablate.plan(recipe_path, results_root=tmp_path / "res")
+    cell = ab.cells[0]
+
+    # Interrupt the run in-process at step 5 (Ctrl-C): train() saves a checkpoint at step 5.
+    import mtp_cli.train as trainer
+
+    real_lr = trainer.lr_at
+    monkeypatch.setattr(trainer, "lr_at", lambda step, t: (_ for _ in ()).throw(KeyboardInterrupt) if step == 5 else real_lr(step, t))
+    ablate.write_lock(ab)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(cell.recipe, cell.run_dir, resume=True, show_progress=False)
+    monkeypatch.setattr(trainer, "lr_at", real_lr)
+    head = (cell.run_dir / "metrics.jsonl").read_text()
+    assert json.loads(head.splitlines()[-1])["step"] == 5
+    assert ablate.plan(recipe_path, results_root=tmp_path / "res").cells[0].pending[0] == "train"
+
+    done = ablate.run_ablation(recipe_path, results_root=tmp_path / "res", show_progress=False)
+    assert not done.failures and not done.cells[0].pending
+    metrics = (cell.run_dir / "metrics.jsonl").read_text()
+    assert metrics.startswith(head)  # steps 1-5 kept as they were: resumed, not restarted
+    assert [json.loads(line)["step"] for line in metrics.splitlines() if '"train"' in line] == list(range(1, 9))
+
+    # Same weights as an uninterrupted run of the same cell.
+    from conftest import checkpoint_weights, max_state_diff
+
+    fresh = tmp_path / "fresh"
+    trainer.train(cell.recipe, fresh, show_progress=False)
+    assert max_state_diff(checkpoint_weights(cell.run_dir), checkpoint_weights(fresh)) < 1e-6
+
+
+@pytest.mark.slow
+def test_killed_ablation_restarts_where_it_stopped(tmp_path):
+    """SIGKILL the whole ablation mid-training of its second run; the restart keeps the first run's files
+    untouched and resumes the second from its checkpoint."""
+    recipe_path = tmp_path / "kill.toml"
+    recipe_path.write_text(ablation_toml("kill", seeds=(0, 1), steps=60, eval_tasks=(), specbench=False,
+                                         variants='[[variants]]\nname = "ntp"\n'))
+    res = tmp_path / "res"
+    cmd = [sys.executable, "-m", "mtp_cli", "ablate", "--recipe", str(recipe_path), "--results-root", str(res)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    second = res / "kill" / "runs" / "ntp-s1"
+    deadline = time.time() + 240
+    while not (second / "checkpoint.pt").is_file():
+        assert proc.poll() is None and time.time() < deadline, "ablation ended before the kill"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = folder_snapshot(res / "kill" / "runs" / "ntp-s0")
+    head = (second / "metrics.jsonl").read_text()
+    step = json.loads(head.splitlines()[-1])["step"]
+    assert step < 60
+    rerun = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert folder_snapshot(res / "kill" / "runs" / "ntp-s0") == first
+    lines = (second / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines if '"train"' in x] == list(range(1, 61))
+    assert json.loads((second / "run.json").read_text())["status"] == "done"
+
+
+def test_results_of_another_recipe_version_are_refused(tiny_ablation, tmp_path, capsys):
+    source = Path(results.read_lock(tiny_ablation)["source"])
+    changed = tmp_path / "micro-abl.toml"
+    changed.write_text(source.read_text().replace("steps = 6", "steps = 7"))
+    before = folder_snapshot(tiny_ablation)
+    code, out, err = mtp("ablate", "--recipe", changed, "--results-root", tiny_ablation.parent, capsys=capsys)
+    assert code == 2
+    assert err.startswith("error:") and "another version of recipe micro-abl" in err and "--force" in err
+    assert len(err.strip().splitlines()) == 1
+    assert folder_snapshot(tiny_ablation) == before
+    # The description is not part of the version.
+    same = tmp_path / "same" / "micro-abl.toml"
+    same.parent.mkdir()
+    same.write_text(source.read_text().replace("micro ablation for the tests", "reworded"))
+    assert not any(c.pending for c in ablate.run_ablation(same, dry_run=True, results_root=tiny_ablation.parent).cells)
+
+
+def test_force_discards_a_stale_folder(tmp_path):
+    res = tmp_path / "res" / "stale"
+    (res / "runs" / "old-s0").mkdir(parents=True)
+    (res / "runs" / "old-s0" / "run.json").write_text("{}")
+    (res / "notes.txt").write_text("mine")
+    recipe = tmp_path / "stale.toml"
+    recipe.write_text(ablation_toml("stale", seeds=(0,), eval_tasks=(), specbench=False,
+                                    variants='[[variants]]\nname = "ntp"\n'))
+    with pytest.raises(UserError, match="runs without a recipe.lock.json"):
+        ablate.run_ablation(recipe, dry_run=True, results_root=tmp_path / "res")
+    ab = ablate.run_ablation(recipe, dry_run=True, force=True, results_root=tmp_path / "res")
+    assert (res / "runs" / "old-s0").is_dir()  # a dry run discards nothing
+    ablate.discard(ab.results_dir)
+    assert not (res / "runs").exists() and (res / "notes.txt").read_text() == "mine"
+
+
+BAD_RECIPES = {
+    "unknown top-level key": ("bogus = 1\n", "unknown key in recipe: bogus"),
+    "unknown variant field": ('[[variants]]\nname = "a"\nobjective = "parallel"\n', "unknown key in variants[0]: objective"),
+    "unknown key in a variant's override": ('[[variants]]\nname = "a"\nmtp = { heads = 4, bogus = 1 }\n',
+                                            "unknown key in variant 'a': mtp: bogus"),
+    "bad value in a variant's override": ('[[variants]]\nname = "a"\nmtp = { objective = "diagonal" }\n',
+                                          "unknown objective 'diagonal'"),
+    "duplicate variant name": ('[[variants]]\nname = "a"\n\n[[variants]]\nname = "a"\n', "variant name 'a' is used twice"),
+    "variant without a name": ('[[variants]]\nmtp = { heads = 2 }\n', "every variant needs a name"),
+    "unknown eval task": ("", "unknown eval task 'mmlu'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECIPES))
+def test_bad_recipe_is_one_line_exit_2(case, tmp_path, capsys):
+    snippet, message = BAD_RECIPES[case]
+    text = ablation_toml("bad", variants=snippet) if snippet.startswith("[[") else ablation_toml("bad", extra=snippet)
+    if case == "unknown eval task":
+        text = text.replace('tasks = ["heldout"', 'tasks = ["mmlu"')
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text(text)
+    code, out, err = mtp("ablate", "--recipe", recipe, "--dry-run", "--results-root", tmp_path / "res", capsys=capsys)
+    assert code == 2, (out, err)
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "res").exists()
+
+
+def test_only_naming_no_variant_and_bad_seeds(tmp_path, capsys):
+    recipe = tmp_path / "ok.toml"
+    recipe.write_text(ablation_toml("ok"))
+    code, _, err = mtp("ablate", "--recipe", recipe, "--only", "seq-d9", "--dry-run", capsys=capsys)
+    assert code == 2 and "--only seq-d9: no such variant in recipe ok (variants: ntp, seq-d1)" in err
+    code, _, err = mtp("ablate", "--recipe", recipe, "--seeds", "0,x", "--dry-run", capsys=capsys)
+    assert code == 2 and "--seeds expects comma-separated integers" in err
+    code, _, err = mtp("ablate", "--recipe", tmp_path / "missing.toml", "--dry-run", capsys=capsys)
+    assert code == 2 and "recipe not found" in err
+
+
+def test_shipped_recipes_load_and_plan(tmp_path):
+    from mtp_cli.config import load_recipe, shipped_recipes
+
+    assert {"quick", "depth", "cpu-small"} <= set(shipped_recipes())
+    assert any(name.startswith("gpu-") for name in shipped_recipes())
+    for name in shipped_recipes():
+        recipe = load_recipe(name)
+        ab = ablate.plan(name, results_root=tmp_path)
+        assert len(ab.cells) == len(recipe.grid_variants()) * len(recipe.seeds)
+    quick = load_recipe("quick")
+    assert [v.name for v in quick.variants] == ["ntp", "parallel-n4", "seq-d1"]
+    runs = {v.name: quick.for_run(v, 0) for v in quick.variants}
+    assert runs["parallel-n4"].mtp.heads == 4 and runs["parallel-n4"].mtp.compute_matched
+    assert runs["seq-d1"].mtp.depth == 1 and runs["seq-d1"].mtp.weight == 0.3
+    assert ablate.gsm8k_data(quick) == (REPO.parent / "shared" / "data" / "gsm8k").resolve()
