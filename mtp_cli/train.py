@@ -189,9 +189,13 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     start_step = 0
     if do_resume:
         state = ckpt.load_checkpoint(out)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start_step = int(state["step"])
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start_step = int(state["step"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"checkpoint {out / ckpt.CHECKPOINT} does not match this run's recipe "
+                            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0]}); delete it or use --force") from None
     if ddp.main:
         _truncate_metrics(out / ckpt.METRICS, start_step)
         data.tokenizer.save_pretrained(out / ckpt.TOKENIZER)
