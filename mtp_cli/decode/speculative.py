@@ -1,0 +1,372 @@
+"""Lossless self-speculative decoding: a run's own MTP modules draft, its trunk verifies.
+
+MTP training leaves modules that predict t+2, t+3, ...; kept at inference they are free drafters.
+Each step the drafter proposes k tokens per row and the trunk scores the pending token and all k
+drafts in one forward (`accept` is the one place the acceptance rule lives):
+- greedy: keep the longest prefix of drafts equal to the trunk's argmax, then the trunk's own next
+  token (the correction, or a bonus when all k matched) — output identical to `generate`;
+- temperature > 0: speculative sampling (Leviathan et al. 2023, Chen et al. 2023): keep draft i with
+  probability min(1, p/q); at the first rejection sample from norm(max(0, p - q)), after k accepted
+  drafts from p. The output distribution is the trunk's own.
+
+Bookkeeping per row: the trunk's KV cache holds positions 0..c-1 and `seq[c]` is the pending token
+(committed, not yet fed to the trunk); positions after c in `seq` are scratch for drafts. Rejected
+drafts are undone by rolling the caches back (`KVCache.rollback`); rows accept different numbers
+of drafts (ragged) and leave the batch when they finish.
+
+Drafters:
+- `SequentialDrafter` (DeepSeek-V3 modules): depth d at position j fuses h^{d-1}_j with Emb(x_{j+d})
+  and predicts x_{j+d+1}, exactly the training alignment of `MTPModel._hidden_states`. Each module
+  keeps its own KV cache; every step each depth re-runs the window of positions whose inputs were
+  not all committed last step (it used drafts there), so its cache only ever keeps exact states.
+  Draft lengths beyond D reuse module D one position further right, its own output standing in
+  for the missing deeper state (as vLLM/EAGLE reuse one MTP layer).
+- `ParallelDrafter` (Meta heads): heads 2..n read the input of the trunk's last layer, each with its
+  own KV cache, and draft t+2..t+n from the same position.
+- `OracleDrafter`: drafts from known continuations (the trunk's own greedy output: acceptance 1), or
+  drafts that are always wrong; both for tests.
+
+Counters follow vLLM: acceptance rate = accepted / drafted, mean acceptance length (MAL)
+= 1 + accepted / steps (a step is one row's draft-and-verify), per-position acceptance counts
+position i only when positions 1..i were all accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from mtp_cli.decode.generate import StopFn, next_token, prefill, probs_from_logits
+from mtp_cli.decode.timing import NO_TIMER
+from mtp_cli.errors import UserError
+from mtp_cli.model.trunk import KVCache
+
+
+@dataclass
+class SpecStats:
+    k: int  # drafts per step
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # [i]: steps whose drafts 1..i+1 were all accepted
+
+    def __post_init__(self) -> None:
+        self.accepted_at = self.accepted_at or [0] * self.k
+
+    def record(self, n_accepted: Tensor) -> None:
+        hist = torch.bincount(n_accepted, minlength=self.k + 1).tolist()  # steps that accepted exactly j
+        self.steps += sum(hist)
+        self.drafted += self.k * sum(hist)
+        self.accepted += sum(j * h for j, h in enumerate(hist))
+        for i in range(self.k):
+            self.accepted_at[i] += sum(hist[i + 1:])
+
+    def merge(self, other: SpecStats) -> None:
+        self.drafted, self.accepted, self.steps = (self.drafted + other.drafted, self.accepted + other.accepted,
+                                                   self.steps + other.steps)
+        self.accepted_at = [a + b for a, b in zip(self.accepted_at, other.accepted_at)]
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1 + self.accepted / self.steps if self.steps else None
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        return [a / self.steps if self.steps else None for a in self.accepted_at]
+
+    def to_dict(self) -> dict:
+        return {"draft_len": self.k, "drafted": self.drafted, "accepted": self.accepted, "steps": self.steps,
+                "acceptance_rate": self.acceptance_rate, "mean_acceptance_length": self.mean_acceptance_length,
+                "per_position_acceptance": self.per_position_acceptance}
+
+
+def accept(drafts: Tensor, draft_probs: Tensor | None, logits: Tensor, temperature: float = 0.0,
+           top_p: float = 1.0, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """The acceptance rule. drafts (B, k); draft_probs (B, k, V): the distributions they were sampled
+    from (unused when greedy); logits (B, k+1, V): the trunk's at the pending token and each draft.
+    Returns (accepted (B,) in 0..k, next token (B,)): a row keeps drafts[:accepted], then next token."""
+    k, rows = drafts.shape[1], torch.arange(drafts.shape[0], device=drafts.device)
+    if temperature <= 0:
+        target = logits.argmax(-1)
+        n = (drafts == target[:, :k]).cumprod(1).sum(1)
+        return n, target[rows, n]
+    p = probs_from_logits(logits, temperature, top_p)
+    p_d = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
+    q_d = draft_probs.gather(-1, drafts[..., None]).squeeze(-1)
+    u = torch.rand(p_d.shape, generator=generator, device=p_d.device)
+    n = (u * q_d < p_d).cumprod(1).sum(1)  # u < p/q: accept with probability min(1, p/q)
+    q = torch.cat([draft_probs, torch.zeros_like(p[:, :1])], 1)  # after k accepted drafts: sample from p
+    residual = (p[rows, n] - q[rows, n]).clamp_min(0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[rows, n])  # p == q up to rounding
+    return n, torch.multinomial(residual, 1, generator=generator).squeeze(-1)
+
+
+def _pick(logits: Tensor, temperature: float, top_p: float, generator) -> tuple[Tensor, Tensor | None]:
+    """A draft token from (B, V) logits and the distribution it came from (None when greedy)."""
+    if temperature <= 0:
+        return logits.argmax(-1), None
+    q = probs_from_logits(logits, temperature, top_p)
+    return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
+
+
+class Drafter:
+    """Proposes `k` tokens per row each step and is told which trunk positions were committed."""
+
+    k: int
+
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor) -> None:
+        """The trunk ran positions start[b].. (hidden (B, W, d), before its final norm); the first
+        n_new[b] of them are committed."""
+
+    def propose(self, seq: Tensor, lengths: Tensor, temperature: float, top_p: float,
+                generator: torch.Generator | None) -> tuple[Tensor, Tensor | None]:
+        """Drafts (B, k) for positions lengths+1.. and their distributions (B, k, V), None when greedy."""
+        raise NotImplementedError
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only these batch rows."""
+
+    def close(self) -> None:
+        """Release hooks on the model."""
+
+
+class _ModuleDrafter(Drafter):
+    """Shared by the MTP drafters: a buffer of trunk states per position, one KV cache per module,
+    and `exact`, the position below which every module cache holds exact (committed-input) states."""
+
+    def __init__(self, model, k: int, n_modules: int, batch: int, capacity: int):
+        self.model, self.trunk, self.k = model, model.trunk, k
+        w, cfg = model.trunk.embed_tokens.weight, model.cfg
+        self.capacity = capacity
+        self.states = torch.zeros(batch, capacity, cfg.d_model, device=w.device, dtype=w.dtype)
+        self.caches = [KVCache(1, batch, capacity, cfg.kv_heads, cfg.head_dim, w.device, w.dtype)
+                       for _ in range(n_modules)]
+        self.exact = torch.zeros(batch, dtype=torch.long, device=w.device)
+        self.steps = torch.arange(capacity, device=w.device)
+
+    def _store(self, start: Tensor, states: Tensor) -> None:
+        pos = (start[:, None] + self.steps[: states.shape[1]]).clamp_(max=self.capacity - 1)
+        self.states[torch.arange(len(start), device=start.device)[:, None], pos] = states
+
+    def _window(self, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's positions exact..c-1, left-aligned and padded to the widest row:
+        (positions (B, W), trunk states there (B, W, d), index of each row's last real position (B,))."""
+        width = lengths - self.exact
+        pos = (self.exact[:, None] + self.steps[: int(width.max())]).clamp_(max=self.capacity - 1)
+        rows = torch.arange(len(lengths), device=lengths.device)[:, None]
+        return pos, self.states[rows, pos], width - 1
+
+    def _rope(self, cache: KVCache, start: Tensor, width: int, dtype: torch.dtype):
+        cache.rollback(start)  # writes land at start[b]..; the mask hides anything after a query
+        return self.trunk.rope(width, start.device, cache, dtype)
+
+    def select(self, rows: Tensor) -> None:
+        self.states, self.exact = self.states[rows], self.exact[rows]
+        for cache in self.caches:
+            cache.select(rows)
+
+
+class SequentialDrafter(_ModuleDrafter):
+    """DeepSeek-V3 modules: chain depths 1..min(k, D) at the pending token's position, then reuse
+    module D one position to the right for drafts beyond D."""
+
+    def __init__(self, model, k: int, batch: int, capacity: int):
+        self.depth = min(k, model.n_extra)
+        super().__init__(model, k, self.depth, batch, capacity)
+        self.post_norm = model.mtp_cfg.mtp_input == "post-norm"
+
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor) -> None:
+        self._store(start, hidden)
+
+    def _module(self, d: int, h_prev: Tensor, tokens: Tensor, start: Tensor) -> Tensor:
+        cache = self.caches[d - 1]
+        rope = self._rope(cache, start, tokens.shape[1], h_prev.dtype)
+        return self.model.mtp[d - 1](h_prev, self.trunk.embed_tokens(tokens), rope, cache)
+
+    def propose(self, seq, lengths, temperature, top_p, generator):
+        rows = torch.arange(len(lengths), device=lengths.device)
+        pos, h, last = self._window(lengths)
+        h = self.trunk.norm(h) if self.post_norm else h
+        drafts, probs = [], []
+        for d in range(1, self.depth + 1):
+            tokens = seq.gather(1, (pos + d).clamp_(max=seq.shape[1] - 1))  # x_{j+d}; after c: earlier drafts
+            h = self._module(d, h, tokens, self.exact)
+            tok, q = _pick(self.model.extra_logits(d, h[rows, last]), temperature, top_p, generator)
+            seq[rows, lengths + d] = tok
+            drafts.append(tok)
+            probs.append(q)
+        h = h[rows, last][:, None]
+        for i in range(self.depth + 1, self.k + 1):
+            if self.depth == 1 and self.post_norm:  # module 1 was trained on a post-final-norm state
+                h = self.model.mtp[0].shared_head.norm(h)
+            h = self._module(self.depth, h, drafts[-1][:, None], lengths + (i - self.depth - 1))
+            tok, q = _pick(self.model.extra_logits(self.depth, h[:, -1]), temperature, top_p, generator)
+            drafts.append(tok)
+            probs.append(q)
+        self.exact = (lengths - self.depth + 1).clamp_(min=0)  # depth d at j read x_{j+d}: committed iff j+d <= c
+        return torch.stack(drafts, 1), (torch.stack(probs, 1) if temperature > 0 else None)
+
+
+class ParallelDrafter(_ModuleDrafter):
+    """Meta heads 2..k+1 on the shared state (the input of the trunk's last layer), captured by a
+    forward pre-hook while the trunk verifies."""
+
+    def __init__(self, model, k: int, batch: int, capacity: int):
+        super().__init__(model, k, k, batch, capacity)
+        self._shared: Tensor | None = None
+        self._hook = model.trunk.layers[-1].register_forward_pre_hook(self._capture)
+
+    def _capture(self, _module, args) -> None:
+        self._shared = args[0]
+
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor) -> None:
+        self._store(start, self._shared)
+
+    def propose(self, seq, lengths, temperature, top_p, generator):
+        rows = torch.arange(len(lengths), device=lengths.device)
+        pos, shared, last = self._window(lengths)
+        drafts, probs = [], []
+        for j in range(self.k):
+            cos, sin, positions = self._rope(self.caches[j], self.exact, pos.shape[1], shared.dtype)
+            h = self.model.mtp[j](shared, cos, sin, self.caches[j], 0, positions)
+            tok, q = _pick(self.trunk.head(h[rows, last]), temperature, top_p, generator)
+            drafts.append(tok)
+            probs.append(q)
+        self.exact = lengths.clone()
+        return torch.stack(drafts, 1), (torch.stack(probs, 1) if temperature > 0 else None)
+
+    def close(self) -> None:
+        self._hook.remove()
+
+
+class OracleDrafter(Drafter):
+    """Drafts `reference[i][g+1 : g+1+k]` for prompt i whose pending token is generated token g:
+    with the trunk's own greedy output every draft is right; `wrong=True` shifts every draft id by
+    one so none is. Sampling treats the drafts as certain (q one-hot)."""
+
+    def __init__(self, reference: Sequence[Sequence[int]], prompt_lengths: Sequence[int], k: int,
+                 vocab_size: int, wrong: bool = False, device: torch.device | str = "cpu"):
+        self.k, self.vocab_size, self.wrong = k, vocab_size, wrong
+        width = max(len(r) for r in reference) + k + 1
+        self.ref = torch.zeros(len(reference), width, dtype=torch.long, device=device)
+        for i, r in enumerate(reference):
+            self.ref[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+        self.prompt_lengths = torch.as_tensor(list(prompt_lengths), device=device)
+        self.ids = torch.arange(len(reference), device=device)
+
+    def propose(self, seq, lengths, temperature, top_p, generator):
+        first = lengths - self.prompt_lengths[self.ids] + 1
+        idx = (first[:, None] + torch.arange(self.k, device=lengths.device)).clamp_(max=self.ref.shape[1] - 1)
+        drafts = self.ref[self.ids[:, None], idx]
+        if self.wrong:
+            drafts = (drafts + 1) % self.vocab_size
+        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float() if temperature > 0 else None
+        return drafts, q
+
+    def select(self, rows: Tensor) -> None:
+        self.ids = self.ids[rows]
+
+
+def draft_len_for(model, draft_len: int | None = None) -> int:
+    """The number of drafts per step: by default one per module/head; checked against the model."""
+    n = model.n_extra
+    if n == 0:
+        raise UserError(f"this run's objective is {model.objective!r}: it has no MTP modules to draft with")
+    k = n if draft_len is None else draft_len
+    if k < 1:
+        raise UserError(f"--draft-len must be >= 1, got {k}")
+    if model.objective == "parallel" and k > n:
+        raise UserError(f"parallel heads draft at most {n} tokens (heads 2..{n + 1}), got --draft-len {k}")
+    return k
+
+
+def make_drafter(model, draft_len: int | None, batch: int, capacity: int) -> Drafter:
+    k = draft_len_for(model, draft_len)
+    cls = ParallelDrafter if model.objective == "parallel" else SequentialDrafter
+    return cls(model, k, batch, capacity)
+
+
+@torch.no_grad()
+def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, draft_len: int | None = None,
+                         temperature: float = 0.0, top_p: float = 1.0, stop: StopFn | None = None,
+                         eos_id: int | None = None, generator: torch.Generator | None = None,
+                         drafter: Drafter | None = None, stats: SpecStats | None = None, timer=None) -> list[list[int]]:
+    """`generate`'s contract for an `MTPModel` (greedy: its exact output), drafting with the model's
+    own modules unless `drafter` is given. `stats` accumulates counters, `timer` times the phases
+    prefill / draft0 (the modules' pass over the prompt) / draft / verify."""
+    if not prompts:
+        return []
+    trunk, timer = model.trunk, timer or NO_TIMER
+    k = drafter.k if drafter is not None else draft_len_for(model, draft_len)
+    stats = stats if stats is not None else SpecStats(k)
+    cache_len = max(len(p) for p in prompts) + max_new_tokens + k + 2
+    own = drafter is None
+    drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2)
+    try:
+        with timer("prefill"):
+            cache, logits, hidden = prefill(trunk, prompts, cache_len, pad_id=eos_id or 0)
+            tokens = next_token(logits, temperature, top_p, generator)
+        device, lengths = logits.device, cache.lengths.clone()
+        seq = torch.zeros(len(prompts), cache_len + k + 2, dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):
+            seq[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+        rows = torch.arange(len(prompts), device=device)
+        seq[rows, lengths] = tokens
+        drafter.commit(torch.zeros_like(lengths), lengths, hidden)
+        outputs: list[list[int]] = [[] for _ in prompts]
+        active = list(range(len(prompts)))
+        n_new, new = torch.ones_like(lengths), tokens[:, None]
+        span = torch.arange(k + 1, device=device)
+        phase = "draft0"
+        while True:
+            keep = _emit(outputs, active, new.tolist(), n_new.tolist(), max_new_tokens, eos_id, stop)
+            if not keep:
+                return outputs
+            if len(keep) < len(active):
+                rows = torch.tensor(keep, device=device)
+                cache.select(rows)
+                drafter.select(rows)
+                seq, lengths = seq[rows], lengths[rows]
+                active = [active[r] for r in keep]
+                rows = torch.arange(len(keep), device=device)
+            with timer(phase):
+                drafts, q = drafter.propose(seq, lengths, temperature, top_p, generator)
+            phase = "draft"
+            with timer("verify"):
+                hidden = trunk.forward_hidden(torch.cat([seq[rows, lengths][:, None], drafts], 1), cache)
+                n_acc, nxt = accept(drafts, q, trunk.head(hidden), temperature, top_p, generator)
+            stats.record(n_acc)
+            new = torch.cat([drafts, nxt[:, None]], 1)
+            new[rows, n_acc] = nxt  # committed: drafts[:n_acc], then the trunk's token
+            n_new = n_acc + 1
+            seq[rows[:, None], lengths[:, None] + 1 + span] = new
+            drafter.commit(lengths, n_new, hidden)
+            lengths = lengths + n_new
+            cache.rollback(lengths)
+    finally:
+        if own:
+            drafter.close()
+
+
+def _emit(outputs: list[list[int]], active: list[int], new: list[list[int]], n_new: list[int],
+          max_new_tokens: int, eos_id: int | None, stop: StopFn | None) -> list[int]:
+    """Append each row's committed tokens one at a time, with `generate`'s stopping rules (EOS, the
+    stop function, the length limit); returns the batch rows that go on."""
+    keep = []
+    for row, i in enumerate(active):
+        out = outputs[i]
+        for tok in new[row][: n_new[row]]:
+            out.append(tok)
+            if (eos_id is not None and tok == eos_id) or (stop is not None and stop(i, out)) \
+                    or len(out) >= max_new_tokens:
+                break
+        else:
+            keep.append(row)
+    return keep

@@ -1,0 +1,234 @@
+"""Self-speculative decoding: lossless against plain greedy, drafts aligned with training, rollback
+exact, counters as vLLM defines them, and speculative sampling's output distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtp_cli.checkpoint import load_run
+from mtp_cli.decode.generate import generate, prefill, probs_from_logits
+from mtp_cli.decode.speculative import (OracleDrafter, SpecStats, accept, make_drafter,
+                                        speculative_generate)
+from mtp_cli.errors import UserError
+from mtp_cli.model.trunk import KVCache
+
+TEXTS = ["def split(s, sep=None):\n    ", "import os\n", "class Template:\n    \"\"\"A string class for",
+         "    return '\\n'.join(lines)\n\ndef dedent(text):\n    "]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_runs):
+    return {name: load_run(path) for name, path in tiny_runs.items()}
+
+
+def encode(run, texts=TEXTS):
+    return [run.tokenizer.encode(t) for t in texts]
+
+
+@pytest.mark.parametrize("objective,draft_len", [("sequential", 1), ("sequential", 2), ("sequential", 4),
+                                                 ("parallel", 1), ("parallel", 2)])
+def test_greedy_is_lossless(runs, objective, draft_len):
+    run = runs[objective]
+    prompts = encode(run)  # ragged lengths, one batch
+    expected = generate(run.model.trunk, prompts, 40)
+    stats = SpecStats(draft_len)
+    assert speculative_generate(run.model, prompts, 40, draft_len=draft_len, stats=stats) == expected
+    assert speculative_generate(run.model, prompts[:1], 40, draft_len=draft_len) == expected[:1]
+    assert stats.steps > 0 and 0 <= stats.accepted <= stats.drafted
+
+
+def test_lossless_with_stop_and_eos(runs):
+    run = runs["sequential"]
+    prompts = encode(run)
+    eos = run.tokenizer.encode("\n")[0]  # a frequent token as EOS: rows finish at different steps
+    seen = {}
+
+    def stop(i, ids):
+        seen.setdefault(i, []).append(len(ids))
+        return len(ids) >= 5 + 3 * i
+
+    expected = generate(run.model.trunk, prompts, 30, stop=stop, eos_id=eos)
+    calls_plain, seen = seen, {}
+    assert speculative_generate(run.model, prompts, 30, draft_len=3, stop=stop, eos_id=eos) == expected
+    assert seen == calls_plain  # the stop function sees the same calls, token by token
+
+
+@pytest.mark.parametrize("draft_len", [1, 3])
+def test_oracle_draft_accepts_everything(runs, draft_len):
+    run = runs["ntp"]
+    prompts = encode(run)
+    reference = generate(run.model.trunk, prompts, 30 + draft_len + 1)
+    drafter = OracleDrafter(reference, [len(p) for p in prompts], draft_len, run.recipe.model.vocab_size)
+    stats = SpecStats(draft_len)
+    out = speculative_generate(run.model, prompts, 30, drafter=drafter, stats=stats)
+    assert out == [r[:30] for r in reference]
+    assert stats.acceptance_rate == 1.0
+    assert stats.mean_acceptance_length == draft_len + 1
+    assert stats.per_position_acceptance == [1.0] * draft_len
+
+
+def test_always_wrong_draft_is_still_exact(runs):
+    run = runs["ntp"]
+    prompts = encode(run)
+    reference = generate(run.model.trunk, prompts, 30 + 4)
+    drafter = OracleDrafter(reference, [len(p) for p in prompts], 3, run.recipe.model.vocab_size, wrong=True)
+    stats = SpecStats(3)
+    assert speculative_generate(run.model, prompts, 30, drafter=drafter, stats=stats) == [r[:30] for r in reference]
+    assert stats.accepted == 0 and stats.mean_acceptance_length == 1.0
+    assert stats.steps == sum(30 - 1 for _ in prompts)  # one token per step after the prefill's
+
+
+def test_rollback_matches_cache_built_without_rejected_tokens(runs):
+    trunk = runs["ntp"].model.trunk
+    prompts = encode(runs["ntp"])[:2]
+    cache, _, _ = prefill(trunk, prompts, 64)
+    lengths = cache.lengths.clone()
+    drafted = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    keep = torch.tensor([1, 3])  # row 0 keeps 1 token, row 1 keeps 3
+    with torch.no_grad():
+        trunk(drafted, cache)
+        cache.rollback(lengths + keep)
+        trunk(torch.tensor([[1], [2]]), cache)
+        kept = [p + drafted[i, : keep[i]].tolist() for i, p in enumerate(prompts)]
+        fresh, _, _ = prefill(trunk, kept, 64)
+        trunk(torch.tensor([[1], [2]]), fresh)
+    assert torch.equal(cache.lengths, fresh.lengths)
+    for i, n in enumerate(fresh.lengths.tolist()):
+        for layer in range(trunk.n_layers):
+            torch.testing.assert_close(cache.k[layer][i, :n], fresh.k[layer][i, :n], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cache.v[layer][i, :n], fresh.v[layer][i, :n], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("objective,k", [("sequential", 2), ("parallel", 2)])
+def test_first_drafts_match_training_alignment(runs, objective, k):
+    """The drafts equal the argmax of `MTPModel.all_logits` (the training forward) at the last position."""
+    model = runs[objective].model
+    prompt = encode(runs[objective])[0]
+    L = len(prompt)
+    drafter = make_drafter(model, k, 1, 64)
+    try:
+        with torch.no_grad():
+            cache, logits, hidden = prefill(model.trunk, [prompt], 64)
+            pending = int(logits.argmax(-1))
+            seq = torch.zeros(1, 64, dtype=torch.long)
+            seq[0, : L + 1] = torch.tensor(prompt + [pending])
+            drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden)
+            drafts, _ = drafter.propose(seq, cache.lengths.clone(), 0.0, 1.0, None)
+            ref = model.all_logits(torch.tensor([prompt + [pending] + drafts[0].tolist()]))
+    finally:
+        drafter.close()
+    for d in range(k):
+        assert int(drafts[0, d]) == int(ref[d + 1][0, L - 1].argmax())
+
+
+def test_sequential_module_caches_hold_training_states(runs):
+    """After a whole run, each module's KV cache (its exact region) equals the states the training
+    forward computes on the committed sequence."""
+    model = runs["sequential"].model
+    trunk, cfg = model.trunk, model.cfg
+    prompt = encode(runs["sequential"])[2]
+    drafter = make_drafter(model, 3, 1, 128)
+    out = speculative_generate(model, [prompt], 40, drafter=drafter)[0]
+    exact = int(drafter.exact[0])
+    idx = torch.tensor([prompt + out])
+    with torch.no_grad():
+        x = trunk.embed_tokens(idx)
+        rope = trunk.rope(idx.shape[1], idx.device, None, x.dtype)
+        h = trunk.norm(trunk.run_layers(x, 0, trunk.n_layers, None, rope))
+        for d, module in enumerate(model.mtp, 1):
+            n = idx.shape[1] - d
+            ref = KVCache(1, 1, 128, cfg.kv_heads, cfg.head_dim)
+            h = module(h[:, :n], x[:, d:], (rope[0][:n], rope[1][:n], torch.arange(n)[None]), ref)
+            torch.testing.assert_close(drafter.caches[d - 1].k[0][0, :exact], ref.k[0][0, :exact], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(drafter.caches[d - 1].v[0][0, :exact], ref.v[0][0, :exact], rtol=1e-4, atol=1e-4)
+    assert exact >= len(prompt) + len(out) - 6  # the last propose ran at most k+1 tokens before the end
+
+
+def test_stats_follow_vllm_definitions():
+    stats = SpecStats(3)
+    stats.record(torch.tensor([0, 3, 1, 2]))
+    assert (stats.drafted, stats.accepted, stats.steps) == (12, 6, 4)
+    assert stats.acceptance_rate == 0.5
+    assert stats.mean_acceptance_length == 2.5
+    assert stats.per_position_acceptance == [0.75, 0.5, 0.25]
+
+
+def test_accept_rule_greedy():
+    logits = torch.zeros(2, 3, 5)
+    logits[0, 0, 1] = logits[0, 1, 2] = logits[0, 2, 3] = 1  # trunk says 1, 2, 3
+    logits[1, 0, 4] = logits[1, 1, 0] = logits[1, 2, 0] = 1  # trunk says 4, ...
+    n, nxt = accept(torch.tensor([[1, 2], [1, 0]]), None, logits)
+    assert n.tolist() == [2, 0] and nxt.tolist() == [3, 4]
+
+
+def test_draft_len_is_checked(runs):
+    with pytest.raises(UserError, match="no MTP modules"):
+        speculative_generate(runs["ntp"].model, [[1, 2]], 4)
+    with pytest.raises(UserError, match="at most 2"):
+        speculative_generate(runs["parallel"].model, [[1, 2]], 4, draft_len=3)
+    with pytest.raises(UserError, match=">= 1"):
+        speculative_generate(runs["sequential"].model, [[1, 2]], 4, draft_len=0)
+
+
+def _chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's goodness of fit; categories expecting fewer than `min_expected` are pooled."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= min_expected
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    stat = ((obs - exp) ** 2 / exp).sum()
+    df = len(obs) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat.double() / 2))
+
+
+def _first_two_token_law(trunk, prompt, temperature):
+    """Exact law of generated tokens 1 and 2 under plain sampling: p(t1) and sum_t1 p(t1) p(t2 | t1)."""
+    with torch.no_grad():
+        p1 = probs_from_logits(trunk(torch.tensor([prompt]))[0, -1], temperature).double()
+        V = p1.shape[0]
+        batch = torch.cat([torch.tensor([prompt]).expand(V, -1), torch.arange(V)[:, None]], 1)
+        p2 = probs_from_logits(trunk(batch)[:, -1], temperature).double()
+    return p1, p1 @ p2
+
+
+@pytest.mark.parametrize("objective", ["sequential", "parallel"])
+def test_speculative_sampling_preserves_the_distribution(runs, objective):
+    model = runs[objective].model
+    prompt = encode(runs[objective])[0]
+    temperature, n = 0.8, 4000
+    p1, p2 = _first_two_token_law(model.trunk, prompt, temperature)
+    stats = SpecStats(2)
+    out = speculative_generate(model, [prompt] * n, 2, draft_len=2, temperature=temperature,
+                               generator=torch.Generator().manual_seed(0), stats=stats)
+    assert min(stats.accepted, stats.drafted - stats.accepted) > 100  # both acceptance and the residual path ran
+    V = p1.shape[0]
+    c1 = torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double()
+    c2 = torch.bincount(torch.tensor([o[1] for o in out]), minlength=V).double()
+    assert _chi_square_pvalue(c1, p1) > 1e-3
+    assert _chi_square_pvalue(c2, p2) > 1e-3
+
+
+def test_distribution_test_has_power(runs):
+    """Sampling straight from the drafts (accepting all of them) fails the same test."""
+    model = runs["sequential"].model
+    prompt = encode(runs["sequential"])[0]
+    temperature, n = 0.8, 4000
+    _, p2 = _first_two_token_law(model.trunk, prompt, temperature)
+    drafter = make_drafter(model, 1, n, 64)
+    try:
+        with torch.no_grad():
+            cache, logits, hidden = prefill(model.trunk, [prompt] * n, 64)
+            g = torch.Generator().manual_seed(0)
+            first = torch.multinomial(probs_from_logits(logits, temperature), 1, generator=g).squeeze(-1)
+            seq = torch.zeros(n, 64, dtype=torch.long)
+            seq[:, : len(prompt)] = torch.tensor(prompt)
+            seq[:, len(prompt)] = first
+            drafter.commit(torch.zeros(n, dtype=torch.long), cache.lengths.clone(), hidden)
+            drafts, _ = drafter.propose(seq, cache.lengths.clone(), temperature, 1.0, g)
+    finally:
+        drafter.close()
+    c2 = torch.bincount(drafts[:, 0], minlength=p2.shape[0]).double()
+    assert _chi_square_pvalue(c2, p2) < 1e-6
