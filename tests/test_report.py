@@ -1,0 +1,128 @@
+"""`mtp report`: renders REPORT.md, plots and terminal tables from stored results only (training is
+booby-trapped to prove it), keeps training and inference evidence apart, says when an interval is over
+one seed, and its interval arithmetic is right."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from mtp_cli import cli, report, results
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Any attempt to train, export, evaluate or benchmark fails the test."""
+    import mtp_cli.ablate as ablate
+    import mtp_cli.train as trainer
+
+    monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("the report trained a model"))
+    for name in list(ablate.STAGE_FUNCS):
+        monkeypatch.setitem(ablate.STAGE_FUNCS, name, lambda *a, _n=name: pytest.fail(f"the report ran {_n}"))
+
+
+def test_report_from_stored_results(tiny_ablation, tmp_path, no_training):
+    folder = tmp_path / "copy"
+    shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
+    console = Console(record=True, width=160)
+    path = report.render_report(folder, console=console)
+    text = path.read_text()
+    assert path == folder / "REPORT.md"
+    sections = ["## Training evidence", "## Inference evidence", "## Cost", "## Claims vs measured", "## Plots",
+                "## Environment"]
+    positions = [text.index(s) for s in sections]
+    assert positions == sorted(positions)
+    training = text[positions[0]:positions[1]]
+    inference = text[positions[1]:positions[2]]
+    assert "Difference to NTP (ntp)" in training and "paired t over 2 seeds" in training
+    assert "speedup" not in training.lower() and "acceptance" not in training.lower()
+    assert "agrees with trunk's greedy" in inference and "loss" not in inference.replace("lossless", "")
+    assert "tutorial claim, unsourced" in text and "DeepSeek-V3 §4.5.1" in text
+    for png in ("loss_curves.png", "quality_differences.png", "acceptance_per_position.png"):
+        assert (folder / "plots" / png).stat().st_size > 1000
+        assert f"](plots/{png})" in text
+    terminal = console.export_text()
+    assert "Trunk quality per variant" in terminal and "Training cost against NTP" in terminal
+    assert (folder / "summary.csv").is_file()
+
+
+def test_one_seed_says_so(tiny_ablation, tmp_path, no_training):
+    folder = tmp_path / "one-seed"
+    shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("*-s1", "checkpoint.pt", "export"))
+    text = report.render_report(folder).read_text()
+    assert "one seed per variant" in text
+    assert "paired t" not in text
+
+
+def test_report_cli_and_bad_folder(tiny_ablation, tmp_path, capsys, no_training):
+    folder = tmp_path / "cli"
+    shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
+    assert _main("report", folder) == 0
+    assert "report written to" in capsys.readouterr().out
+    assert _main("report", tmp_path / "nowhere") == 2
+    assert "results folder not found" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert _main("report", tmp_path / "empty") == 2
+    assert "no runs in" in capsys.readouterr().err
+
+
+def _main(*args) -> int:
+    argv, sys.argv = sys.argv, ["mtp", *map(str, args)]
+    try:
+        cli.main()
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+
+
+# ---- the interval arithmetic ---------------------------------------------------------------------------
+def _frame(rows):
+    return pd.DataFrame(rows)
+
+
+def test_t_interval_matches_the_textbook():
+    mean, lo, hi = report.t_interval([1.0, 2.0, 3.0])
+    half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t(0.975, 2) · sd / √n
+    assert mean == 2.0 and math.isclose(lo, 2 - half) and math.isclose(hi, 2 + half)
+    assert report.t_interval([5.0]) == (5.0, None, None)
+
+
+def test_difference_paired_over_seeds_and_per_run_with_one_seed():
+    m = report.Metric("x", "x")
+    variant = _frame([{"seed": 0, "x": 1.0}, {"seed": 1, "x": 2.0}, {"seed": 2, "x": 4.0}])
+    base = _frame([{"seed": 0, "x": 0.5}, {"seed": 1, "x": 1.0}, {"seed": 2, "x": 3.0}])
+    delta, lo, hi, how = report.difference(variant, base, m)
+    expected = report.t_interval([0.5, 1.0, 1.0])
+    assert how == "paired t over 3 seeds" and (delta, lo, hi) == pytest.approx(expected)
+
+    one_v = _frame([{"seed": 0, "x": 0.30, "x_lo": 0.20, "x_hi": 0.40}])
+    one_b = _frame([{"seed": 0, "x": 0.10, "x_lo": 0.07, "x_hi": 0.13}])
+    delta, lo, hi, how = report.difference(one_v, one_b, m)
+    half = math.sqrt(0.10**2 + 0.03**2)
+    assert how == "one seed: per-run intervals combined"
+    assert (delta, lo, hi) == pytest.approx((0.2, 0.2 - half, 0.2 + half))
+
+    no_ci = report.Metric("y", "x", ci=False)
+    assert report.difference(one_v, one_b, no_ci)[1:] == (None, None, "one seed, no per-run interval")
+
+
+def test_summarize_keeps_rates_inside_0_1():
+    m = report.Metric("rate", "r", pct=True)
+    value, lo, hi, n = report.summarize(_frame([{"seed": 0, "r": 0.0}, {"seed": 1, "r": 1.0}]), m)
+    assert (value, lo, hi, n) == (0.5, 0.0, 1.0, 2)
+    value, lo, hi, n = report.summarize(_frame([{"seed": 0, "r": 0.25, "r_lo": 0.1, "r_hi": 0.5}]), m)
+    assert (value, lo, hi, n) == (0.25, 0.1, 0.5, 1)
+
+
+def test_summary_columns_are_documented_once():
+    names = [c.name for c in results.COLUMNS]
+    assert len(names) == len(set(names)) and all(c.doc for c in results.COLUMNS)
