@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MTP := $(VENV)/bin/mtp
 RECIPE ?= quick
 
-.PHONY: install test test-slow quick report bench clean
+.PHONY: install test test-slow ablate plan report bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,16 @@ test: $(VENV)/.installed
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow
 
-quick: $(VENV)/.installed
-	$(MTP) train --recipe quick --objective ntp --out runs/quick-ntp --resume
-	$(MTP) train --recipe quick --depth 1 --lambda 0.3 --out runs/quick-sequential --resume
-	$(MTP) train --recipe quick --heads 4 --out runs/quick-parallel --resume
+# The main job: results/$(RECIPE)/REPORT.md. `mtp ablate` does only what results/$(RECIPE) still lacks
+# (everything on a fresh clone without results, nothing when they are complete), then the report is rendered.
+report: ablate
+	$(MTP) report results/$(RECIPE)
+
+ablate: $(VENV)/.installed
+	$(MTP) ablate --recipe $(RECIPE)
+
+plan: $(VENV)/.installed
+	$(MTP) ablate --recipe $(RECIPE) --dry-run
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench_train.py
