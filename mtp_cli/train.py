@@ -91,12 +91,9 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
     run_json = out / ckpt.RUN_JSON
     if not out.exists() or not any(out.iterdir()):
         return False
-    if not run_json.is_file():
-        if force:
-            shutil.rmtree(out)
-            return False
+    if not run_json.is_file() and not force:
         raise UserError(f"output folder {out} is not empty and holds no run; choose another --out or pass --force")
-    if force:
+    if force:  # replace the run's own files only; anything else in the folder is the user's
         for name in (ckpt.CHECKPOINT, ckpt.RUN_JSON, ckpt.METRICS, ckpt.CHECKPOINT + ".tmp"):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / ckpt.TOKENIZER, ignore_errors=True)
@@ -196,6 +193,9 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"checkpoint {out / ckpt.CHECKPOINT} does not match this run's recipe "
                             f"({type(exc).__name__}: {str(exc).strip().splitlines()[0]}); delete it or use --force") from None
+        stored = ckpt.read_json(out / ckpt.RUN_JSON)
+        if start_step >= t.steps and stored.get("status") == "done" and stored.get("step") == start_step:
+            return stored  # finished already: nothing to train, nothing rewritten (run.json keeps its numbers)
     if ddp.main:
         _truncate_metrics(out / ckpt.METRICS, start_step)
         data.tokenizer.save_pretrained(out / ckpt.TOKENIZER)
