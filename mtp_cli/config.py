@@ -252,6 +252,9 @@ class Recipe:
     def validate(self) -> Recipe:
         self.model.validate()
         self.mtp.validate()
+        if self.mtp.n_extra >= self.model.context:
+            raise UserError(f"{self.mtp.n_extra} extra predictions per position need model.context > "
+                            f"{self.mtp.n_extra}, got {self.model.context}")
         self.data.validate()
         self.train.validate()
         return self

@@ -67,6 +67,7 @@ BAD_INPUT = {
     "depth-0-implied-sequential": (["--depth", "0"], r"--depth must be >= 1", None),
     "negative-lambda": (["--depth", "1", "--lambda", "-0.5"], r"lambda must be >= 0", None),
     "negative-lambda-final": (["--depth", "1", "--lambda-final=-1"], r"lambda_final must be >= 0", None),
+    "depth-not-below-context": (["--depth", "32"], r"32 extra predictions per position need model.context > 32", None),
     "one-parallel-head": (["--objective", "parallel", "--heads", "1"], r"--heads must be >= 2", None),
     "unknown-recipe-key": (["--recipe", "{dir}/bad-key.toml"], r"unknown key in train: stepz", bad_key_recipe),
     "recipe-not-toml": (["--recipe", "{dir}/bad.toml"], r"not valid TOML", bad_toml),
