@@ -127,7 +127,9 @@ def main() -> None:
     from rich.markup import escape  # messages carry user paths: "[...]" in them is text, not markup
 
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:  # without standalone mode typer *returns* typer.Exit(n)'s code (Ctrl-C: 130)
+            sys.exit(code)
     except UserError as exc:
         ui.console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -230,3 +230,18 @@ def test_design_card_call_with_the_quick_recipe(tmp_path):
                   tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "runs" / "quick-sequential-d1-lam0.3-s0" / "run.json").is_file()
+
+
+def test_ctrl_c_exits_130(base_run, monkeypatch, capsys):
+    """An interrupted training must not exit 0 (`make`, shells and `mtp ablate` would take it as done)."""
+    from mtp_cli import cli as cli_module
+    from mtp_cli import train as trainer
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    monkeypatch.setattr(sys, "argv", ["mtp", "train", "--recipe", str(base_run[1]), "--out", "unused"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_module.main()
+    assert exit_info.value.code == 130
