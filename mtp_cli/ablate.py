@@ -272,23 +272,19 @@ def _die_with_parent() -> None:
 def _export(cell: Cell, view: GridView) -> None:
     from transformers.utils import logging as hf_logging
 
-    from mtp_cli.model.hf import export_run
+    from mtp_cli.model.hf import ensure_export
 
     hf_logging.disable_progress_bar()
-    export_run(cell.run_dir, cell.run_dir / results.EXPORT)
+    ensure_export(cell.run_dir, cell.run_dir / results.EXPORT)
 
 
 def _eval(cell: Cell, view: GridView) -> None:
     from mtp_cli.evals.runner import run_eval
 
     cfg = cell.recipe.eval
-    done = results.RunFolder(cell.run_dir).eval.get("results") or {}
-    for task in cfg.tasks:
-        if task in done:
-            continue
-        run_eval(cell.run_dir, tasks=(task,), limit=cfg.limit(task), gsm8k_data=gsm8k_data(cell.recipe),
-                 json_path=cell.run_dir / f"eval-{task}.json", show_progress=view.show_nested)
-        merge_eval(cell.run_dir, task)
+    run_eval(cell.run_dir, tasks=tuple(cfg.tasks), limit={t: cfg.limit(t) or 0 for t in cfg.tasks},
+             gsm8k_data=gsm8k_data(cell.recipe), json_path=cell.run_dir / results.EVAL_JSON,
+             show_progress=view.show_nested)
 
 
 def _specbench(cell: Cell, view: GridView) -> None:
@@ -297,22 +293,11 @@ def _specbench(cell: Cell, view: GridView) -> None:
     cfg = cell.recipe.specbench
     run_specbench(cell.run_dir, prompts=cfg.prompts, limit=cfg.limit, max_new_tokens=cfg.max_new_tokens,
                   batch_sizes=tuple(cfg.batch_sizes), repeats=cfg.repeats, draft_len=cfg.draft_len,
-                  json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested)
+                  json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested,
+                  gsm8k_data=gsm8k_data(cell.recipe))
 
 
 STAGE_FUNCS = {"train": _train, "export": _export, "eval": _eval, "specbench": _specbench}
-
-
-def merge_eval(run_dir: Path, task: str) -> None:
-    """Fold one task's eval JSON into the run's eval.json, so each task is done (and kept) on its own."""
-    part_path = run_dir / f"eval-{task}.json"
-    part = json.loads(part_path.read_text())
-    merged_path = run_dir / results.EVAL_JSON
-    merged = json.loads(merged_path.read_text()) if merged_path.is_file() else {}
-    results_by_task = {**(merged.get("results") or {}), **(part.get("results") or {})}
-    merged = {**merged, **part, "results": results_by_task}
-    write_json(merged_path, merged)
-    part_path.unlink()
 
 
 def gsm8k_data(recipe: Recipe) -> Path | None:

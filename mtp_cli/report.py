@@ -160,7 +160,7 @@ def difference(rows: pd.DataFrame, base: pd.DataFrame, m: Metric) -> tuple[float
 # ---- the report's content -----------------------------------------------------------------------------
 QUALITY = [
     Metric("held-out loss ↓ (nats/token)", "heldout_loss"),
-    Metric("bits/byte ↓", "heldout_bpb", ci=False),
+    Metric("bits/byte ↓", "heldout_bpb"),
     Metric("HumanEval pass@1", "humaneval_pass1", pct=True),
     Metric("GSM8K strict", "gsm8k_strict", pct=True),
     Metric("GSM8K flexible", "gsm8k_flexible", pct=True),
@@ -283,63 +283,78 @@ def _interval_note(seeds: dict[str, int]) -> str:
     return "[lo, hi]: 95% t-interval over seeds where a variant has ≥2 seeds, else the run's own interval"
 
 
+PEERS = {"hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted"}
+
+
 def inference_section(r: Results) -> Section:
-    tables = []
-    spec_rows, notes = [], set()
+    mtp_rows, speed_rows, notes = [], [], set()
     for v in r.variants:
         for bs, methods, n in _spec_by_batch(r, v):
-            mtp = methods.get(results.MTP_METHOD)
-            if not mtp:
-                reason = _no_mtp_reason(r, v)
-                notes.add(f"{v}: {reason}")
-                continue
-            greedy_tps = _mean(m.get("tokens_per_s") for m in [methods.get(results.GREEDY_METHOD) or {}])
-            peers = {name: m for name, m in methods.items() if name not in (results.MTP_METHOD, results.GREEDY_METHOD)}
-            rows = [v, str(bs), str(n), _yesno(mtp.get("lossless")), _pct(mtp.get("acceptance_rate")),
-                    _num(mtp.get("mean_acceptance_length"), 2),
-                    " / ".join(_pct(x) for x in mtp.get("per_position_acceptance") or []) or "–",
-                    _speed(mtp, "speedup"), _num(mtp.get("ideal_speedup"), 2, "×"),
-                    _num(mtp.get("tokens_per_s"), 0), _num(greedy_tps, 0),
-                    "; ".join(f"{name} {_ratio(mtp.get('tokens_per_s'), pm.get('tokens_per_s'))}"
-                              for name, pm in sorted(peers.items())) or "–"]
-            spec_rows.append(rows)
-    spec_notes = ["speedup = our plain greedy time / MTP speculative time, measured end to end (median of repeats, "
-                  "95% interval where stored); ideal = MAL · T_step / (T_verify + Σ T_draft) from measured parts",
-                  "vs peers = MTP speculative tokens/s ÷ the peer's tokens/s on the same prompts and exported weights",
-                  "acceptance per position i counts i only when every earlier position was accepted (vLLM)"]
-    if any(len(r.rows(v)) > 1 for v in r.variants):
-        spec_notes.append("runs = seeds measured; with several, each number is the mean over them")
-    spec_notes += sorted(notes)
-    tables.append(Table("Self-speculative decoding with the run's own MTP modules", [
-        "variant", "batch", "runs", "lossless", "acceptance", "MAL", "per position", "speedup vs our greedy",
-        "ideal", "MTP tok/s", "greedy tok/s", "MTP vs peers"], spec_rows, spec_notes,
-        empty="no specbench results stored (stage disabled or not run yet)."))
-    proxy_rows = []
+            mtp, greedy = methods.get(results.MTP_METHOD), methods.get(results.GREEDY_METHOD) or {}
+            if mtp:
+                mtp_rows.append([v, str(bs), str(n), _yesno(mtp.get("lossless")), _pct(mtp.get("acceptance_rate")),
+                                 _num(mtp.get("mean_acceptance_length"), 2),
+                                 " / ".join(_pct(x) for x in mtp.get("per_position_acceptance") or []) or "–",
+                                 _speed(mtp, "speedup"), _speed(mtp, "ideal_speedup")])
+            else:
+                notes.add(f"{v}: {_no_mtp_reason(r, v)}")
+            peers = [methods.get(name) or {} for name in PEERS]
+            best_peer = max((p.get("tokens_per_s") or 0 for p in peers), default=0)
+            speed_rows.append([v, str(bs), _num(greedy.get("tokens_per_s"), 0),
+                               _num((mtp or {}).get("tokens_per_s"), 0),
+                               *[_num(p.get("tokens_per_s"), 0) for p in peers],
+                               _ratio(greedy.get("tokens_per_s"), (methods.get("hf_generate") or {}).get("tokens_per_s")),
+                               _ratio((mtp or {}).get("tokens_per_s"), best_peer)])
+    seeds_note = ("runs = seeds measured; with several, numbers are means over seeds and [lo, hi] a t-interval over "
+                  "seeds" if any(len(r.rows(v)) > 1 for v in r.variants) else
+                  "one seed: [lo, hi] is the 95% bootstrap interval of the median over timed repeats")
+    mtp_notes = ["speedup = MTP speculative tokens/s ÷ our plain greedy tokens/s on the same prompts, end to end; "
+                 "ideal = MAL · T_step / (T_verify + T_draft) from measured parts: the gap is our overhead",
+                 "lossless: the speculative output equals plain greedy on every prompt",
+                 "acceptance per draft position i counts i only when every earlier position was accepted (vLLM)",
+                 seeds_note, *sorted(notes)]
+    speed_notes = ["all on the exported trunk's weights and the same prompts; peers: Hugging Face transformers "
+                   "(prompt lookup and assisted decoding run at batch size 1 only)",
+                   "MTP ÷ best peer: MTP speculative tokens/s over the fastest Hugging Face method at that batch size"]
+    tables = [
+        Table("Self-speculative decoding with the run's own MTP modules",
+              ["variant", "batch", "runs", "lossless", "acceptance", "MAL", "per position", "speedup vs our greedy",
+               "ideal speedup"], mtp_rows, mtp_notes,
+              empty="no specbench result with MTP drafting stored (stage disabled, not run yet, or NTP only)."),
+        Table("Decoding speed against the peers (tokens/s, median of repeats)",
+              ["variant", "batch", "ours greedy", "ours MTP", *PEERS.values(), "ours greedy ÷ HF generate",
+               "MTP ÷ best peer"], speed_rows, speed_notes, empty="no specbench results stored."),
+    ]
+    proxy_rows, source = [], set()
     for v in r.variants:
-        n_extra = int(r.first(v, "n_extra") or 0)
-        for k in range(1, n_extra + 1):
-            top1 = Metric("", f"val_top1_{k}", pct=True, ci=False)
-            agree = Metric("", f"val_agree_{k}", pct=True, ci=False)
-            t_val, t_lo, t_hi, _ = summarize(r.rows(v), top1)
-            a_val, a_lo, a_hi, _ = summarize(r.rows(v), agree)
-            proxy_rows.append([v, str(k), top1.fmt_ci(t_val, t_lo, t_hi), agree.fmt_ci(a_val, a_lo, a_hi)])
+        for k in range(1, int(r.first(v, "n_extra") or 0) + 1):
+            prefix = "heldout" if _vals(r.rows(v), f"heldout_agree_{k}") else "val"
+            source.add(prefix)
+            cells = []
+            for what in ("top1", "agree"):
+                m = Metric("", f"{prefix}_{what}_{k}", pct=True, ci=False)
+                value, lo, hi, _ = summarize(r.rows(v), m)
+                cells.append(m.fmt_ci(value, lo, hi))
+            proxy_rows.append([v, str(k), *cells])
     if proxy_rows:
-        tables.append(Table("Acceptance proxy on validation text (training-time, teacher-forced)",
+        where = {"heldout": "the whole validation split (eval)", "val": "the end-of-training validation batches"}
+        tables.append(Table("Acceptance proxy on validation text (teacher-forced, modules kept)",
                             ["variant", "extra prediction k", "top-1 vs the true token", "agrees with trunk's greedy"],
-                            proxy_rows, ["a proxy only: specbench above is the measured acceptance and speed"]))
+                            proxy_rows, [f"on {' and '.join(where[s] for s in sorted(source))}; a proxy only — the "
+                                         "tables above are the measured acceptance and speed"]))
     return Section("Inference evidence", "What keeping the MTP modules buys as drafters for the trunk's own greedy "
                    "decoding (lossless: the output must equal plain greedy). Only measured speeds appear here.",
                    tables)
 
 
 def _spec_by_batch(r: Results, variant: str):
-    """[(batch size, {method: metrics}, runs)] — one run's numbers, or the median run's over seeds."""
+    """[(batch size, {method: metrics}, runs)]: one run's numbers, or their means over seeds, where every
+    stored interval (`<key>_ci`) becomes a t-interval over the seeds."""
     per_bs: dict[int, list[dict]] = {}
     for run in r.runs:
-        if run.variant != variant:
-            continue
-        for bs, methods in sorted(results.spec_batches(run.spec).items()):
-            per_bs.setdefault(bs, []).append(methods)
+        if run.variant == variant:
+            for bs, methods in results.spec_batches(run.spec).items():
+                per_bs.setdefault(bs, []).append(methods)
     out = []
     for bs, all_methods in sorted(per_bs.items()):
         if len(all_methods) == 1:
@@ -349,17 +364,22 @@ def _spec_by_batch(r: Results, variant: str):
         for name in all_methods[0]:
             ms = [m.get(name) or {} for m in all_methods]
             merged[name] = {key: _seed_mean([m.get(key) for m in ms]) for key in ms[0]}
+            for key in ms[0]:
+                values = [m.get(key) for m in ms]
+                if f"{key}_ci" in ms[0] and all(isinstance(x, (int, float)) for x in values):
+                    _, lo, hi = t_interval([float(x) for x in values])
+                    merged[name][f"{key}_ci"] = [lo, hi]
         out.append((bs, merged, len(all_methods)))
     return out
 
 
 def _seed_mean(values: list):
-    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if len(nums) == len(values) and nums:
-        return sum(nums) / len(nums)
-    if all(isinstance(v, bool) for v in values):
+    if values and all(isinstance(v, bool) for v in values):
         return all(values)
-    if all(isinstance(v, list) for v in values) and values:
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if values and len(nums) == len(values):
+        return sum(nums) / len(nums)
+    if values and all(isinstance(v, list) for v in values):
         width = min(len(v) for v in values)
         return [_seed_mean([v[i] for v in values]) for i in range(width)]
     return values[0] if values else None

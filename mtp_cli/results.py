@@ -107,10 +107,7 @@ class RunFolder:
 
 def spec_batches(spec: dict) -> dict[int, dict]:
     """specbench.json's per-batch-size results as {batch size: {method: metrics}}."""
-    raw = spec.get("batch_sizes") or spec.get("results") or {}
-    if isinstance(raw, list):
-        return {int(item["batch_size"]): item.get("methods", {}) for item in raw}
-    return {int(bs): (v.get("methods", v) if isinstance(v, dict) else {}) for bs, v in raw.items()}
+    return {int(bs): methods for bs, methods in (spec.get("results") or {}).items()}
 
 
 # ---- when a stage's output is complete -----------------------------------------------------------
@@ -207,6 +204,8 @@ COLUMNS: list[Column] = [
     Column("heldout_loss_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("heldout"), "loss", 0)),
     Column("heldout_loss_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("heldout"), "loss", 1)),
     Column("heldout_bpb", "held-out bits per byte", lambda r: r.eval_result("heldout").get("bpb")),
+    Column("heldout_bpb_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("heldout"), "bpb", 0)),
+    Column("heldout_bpb_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("heldout"), "bpb", 1)),
     Column("heldout_n", "held-out tokens scored", lambda r: r.eval_result("heldout").get("n")),
     Column("humaneval_pass1", "HumanEval pass@1 (greedy)", lambda r: r.eval_result("humaneval").get("pass@1")),
     Column("humaneval_pass1_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("humaneval"), "pass@1", 0)),
@@ -222,14 +221,25 @@ COLUMNS: list[Column] = [
     Column("spec_lossless", "MTP speculative output identical to plain greedy on every prompt (bs=1)", _spec(1, MTP_METHOD, "lossless")),
     Column("spec_acceptance_rate", "accepted / drafted tokens (bs=1)", _spec(1, MTP_METHOD, "acceptance_rate")),
     Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)", _spec(1, MTP_METHOD, "mean_acceptance_length")),
-    Column("spec_speedup", "measured speedup over our plain greedy (bs=1)", _spec(1, MTP_METHOD, "speedup")),
+    Column("spec_draft_len", "tokens drafted per step", lambda r: r.spec.get("draft_len")),
+    Column("spec_speedup", "measured speedup over our plain greedy (bs=1, median of repeats)", _spec(1, MTP_METHOD, "speedup")),
+    Column("spec_speedup_lo", "95% interval, lower end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "speedup", 0)),
+    Column("spec_speedup_hi", "95% interval, upper end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "speedup", 1)),
     Column("spec_ideal_speedup", "MAL · T_step / (T_verify + Σ T_draft) from measured parts (bs=1)", _spec(1, MTP_METHOD, "ideal_speedup")),
     Column("spec_tokens_per_s", "MTP speculative decoding tokens/s (bs=1)", _spec(1, MTP_METHOD, "tokens_per_s")),
     Column("greedy_tokens_per_s", "our plain greedy decoding tokens/s (bs=1)", _spec(1, GREEDY_METHOD, "tokens_per_s")),
+    Column("hf_generate_tokens_per_s", "Hugging Face generate, greedy, same weights: tokens/s (bs=1)",
+           _spec(1, "hf_generate", "tokens_per_s")),
+    Column("hf_prompt_lookup_tokens_per_s", "Hugging Face prompt-lookup decoding: tokens/s (bs=1)",
+           _spec(1, "hf_prompt_lookup", "tokens_per_s")),
+    Column("eval_s", "wall time of the eval stage (s)", lambda r: _get(r.log, "stages", "eval", "seconds")),
+    Column("specbench_s", "wall time of the specbench stage (s)", lambda r: _get(r.log, "stages", "specbench", "seconds")),
 ]
 # Columns repeated per extra depth/head k (1-based) and per draft position i; see `summary_frame`.
-DEPTH_COLUMNS = {"val_loss_{k}": "validation loss of extra prediction k", "val_top1_{k}": "its top-1 accuracy",
-                 "val_agree_{k}": "how often its argmax equals the trunk's greedy token (acceptance proxy)"}
+DEPTH_COLUMNS = {"val_loss_{k}": "end-of-training validation loss of extra prediction k", "val_top1_{k}": "its top-1 accuracy",
+                 "val_agree_{k}": "how often its argmax equals the trunk's greedy token (acceptance proxy)",
+                 "heldout_top1_{k}": "extra prediction k's top-1 on the whole validation split (eval)",
+                 "heldout_agree_{k}": "its agreement with the trunk's greedy token there (acceptance proxy)"}
 POSITION_COLUMN = ("spec_accept_pos{i}", "measured acceptance at draft position i, bs=1 (vLLM's definition)")
 
 
@@ -261,9 +271,11 @@ def _clean(value: Any) -> Any:
 def summary_row(run: RunFolder) -> dict[str, Any]:
     row = {c.name: _clean(c.get(run)) for c in COLUMNS}
     final = run.run.get("final") or {}
+    extra = {e.get("k"): e for e in run.eval_result("heldout").get("extra") or []}
     for k in range(1, (_n_extra(run.run) or 0) + 1):
         for pattern in DEPTH_COLUMNS:
-            row[pattern.format(k=k)] = final.get(pattern.format(k=k))
+            name = pattern.format(k=k)
+            row[name] = (extra.get(k) or {}).get(name.split("_")[1]) if name.startswith("heldout") else final.get(name)
     per_pos = _get(run.spec_batch(1), MTP_METHOD, "per_position_acceptance") or []
     for i, value in enumerate(per_pos, 1):
         row[POSITION_COLUMN[0].format(i=i)] = value

@@ -4,6 +4,7 @@ one seed, and its interval arithmetic is right."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import sys
@@ -28,9 +29,26 @@ def no_training(monkeypatch):
         monkeypatch.setitem(ablate.STAGE_FUNCS, name, lambda *a, _n=name: pytest.fail(f"the report ran {_n}"))
 
 
+def add_second_seed(folder):
+    """Copy every -s0 run to -s1 with slightly different stored numbers (a stand-in for a second seed)."""
+    for run in sorted((folder / "runs").glob("*-s0")):
+        twin = run.with_name(run.name[:-1] + "1")
+        shutil.copytree(run, twin)
+        for name, bump in (("run.json", ("final", "val_loss")), ("eval.json", ("results", "heldout", "loss"))):
+            doc = json.loads((twin / name).read_text())
+            node = doc
+            for key in bump[:-1]:
+                node = node[key]
+            node[bump[-1]] += 0.01 if "seq" in run.name else -0.01
+            (twin / name).write_text(json.dumps(doc))
+        log = json.loads((twin / "ablate.json").read_text())
+        (twin / "ablate.json").write_text(json.dumps(log | {"seed": 1}))
+
+
 def test_report_from_stored_results(tiny_ablation, tmp_path, no_training):
     folder = tmp_path / "copy"
     shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
+    add_second_seed(folder)
     console = Console(record=True, width=160)
     path = report.render_report(folder, console=console)
     text = path.read_text()
@@ -45,7 +63,9 @@ def test_report_from_stored_results(tiny_ablation, tmp_path, no_training):
     assert "speedup" not in training.lower() and "acceptance" not in training.lower()
     assert "agrees with trunk's greedy" in inference and "loss" not in inference.replace("lossless", "")
     assert "tutorial claim, unsourced" in text and "DeepSeek-V3 §4.5.1" in text
-    for png in ("loss_curves.png", "quality_differences.png", "acceptance_per_position.png"):
+    assert "Self-speculative decoding" in inference and "| seq-d1 | 1 | 2 | yes |" in inference
+    assert "NTP has no MTP modules" in inference
+    for png in ("loss_curves.png", "quality_differences.png", "acceptance_per_position.png", "speedup_vs_batch.png"):
         assert (folder / "plots" / png).stat().st_size > 1000
         assert f"](plots/{png})" in text
     terminal = console.export_text()
@@ -55,7 +75,7 @@ def test_report_from_stored_results(tiny_ablation, tmp_path, no_training):
 
 def test_one_seed_says_so(tiny_ablation, tmp_path, no_training):
     folder = tmp_path / "one-seed"
-    shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("*-s1", "checkpoint.pt", "export"))
+    shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
     text = report.render_report(folder).read_text()
     assert "one seed per variant" in text
     assert "paired t" not in text
