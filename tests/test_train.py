@@ -339,3 +339,43 @@ def test_output_folder_checks(tmp_path):
     with pytest.raises(UserError, match="not empty"):
         run(micro_recipe("ntp", steps=1), tmp_path / "other")
     shutil.rmtree(tmp_path / "r")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_resume_after_a_real_signal(tmp_path, sig):
+    """A real `mtp train` process stopped by Ctrl-C (it saves and exits 130) or killed outright (the
+    periodic checkpoint survives), then `--resume`: the same weights as an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import write_recipe
+
+    recipe = micro_recipe("sequential", steps=40, depth=1)
+    recipe.train.ckpt_every = 5
+    path = write_recipe(recipe, tmp_path / "r.toml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "mtp_cli", "train", "--recipe", str(path), "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics_path = tmp_path / "run" / ckpt.METRICS
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics_path.is_file() and len(metrics_path.read_text().splitlines()) >= 12:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    if sig == "SIGINT":
+        assert proc.returncode == 130, err
+        assert "checkpoint saved at step" in err
+    step = torch.load(tmp_path / "run" / ckpt.CHECKPOINT, weights_only=True)["step"]
+    assert 5 <= step < 40
+    done = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    run(recipe, tmp_path / "straight")
+    assert max_state_diff(checkpoint_weights(tmp_path / "straight"), checkpoint_weights(tmp_path / "run")) == 0.0
+    assert [r["step"] for r in metrics(tmp_path / "run")[0]] == list(range(1, 41))
