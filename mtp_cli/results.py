@@ -181,7 +181,7 @@ def _spec(bs: int, method: str, key: str) -> Callable[[RunFolder], Any]:
 
 
 COLUMNS: list[Column] = [
-    Column("run", "run folder name, <variant>-s<seed>", lambda r: r.path.name),
+    Column("run", "run folder name, `<variant>-s<seed>`", lambda r: r.path.name),
     Column("variant", "variant name from the recipe", lambda r: r.variant),
     Column("seed", "training seed", lambda r: r.seed),
     Column("objective", "ntp | sequential | parallel", lambda r: r.run.get("objective")),

@@ -144,5 +144,10 @@ def test_summarize_keeps_rates_inside_0_1():
 
 
 def test_summary_columns_are_documented_once():
+    from conftest import REPO
+
     names = [c.name for c in results.COLUMNS]
     assert len(names) == len(set(names)) and all(c.doc for c in results.COLUMNS)
+    readme = (REPO / "README.md").read_text()
+    for name in [*names, *results.DEPTH_COLUMNS, results.POSITION_COLUMN[0]]:
+        assert f"`{name}`" in readme, f"README does not document summary column {name}"
