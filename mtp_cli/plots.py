@@ -97,7 +97,8 @@ def acceptance(r, path: Path) -> str | None:
             per_pos = (methods.get(results.MTP_METHOD) or {}).get("per_position_acceptance")
             if bs == 1 and per_pos:
                 bars[v] = per_pos
-    proxy = {v: [r.first(v, f"val_agree_{k}") for k in range(1, int(r.first(v, "n_extra") or 0) + 1)]
+    proxy = {v: [r.first(v, f"heldout_agree_{k}") if r.first(v, f"heldout_agree_{k}") is not None
+                 else r.first(v, f"val_agree_{k}") for k in range(1, int(r.first(v, "n_extra") or 0) + 1)]
              for v in r.variants if int(r.first(v, "n_extra") or 0)}
     if not bars and not any(any(x is not None for x in p) for p in proxy.values()):
         return None
@@ -111,9 +112,10 @@ def acceptance(r, path: Path) -> str | None:
             ax.bar(xs, [x if x is not None else 0 for x in bars[v]], width, color=colors[v], label=f"{v} measured (bs=1)")
         if v in proxy:
             xs = [p + 1 + (i - (len(names) - 1) / 2) * width for p in range(len(proxy[v]))]
-            ax.plot(xs, proxy[v], "D", mfc="none", color=colors[v], ms=7, label=f"{v} validation proxy")
+            ax.plot(xs, proxy[v], marker="D", mfc=colors[v], mec="black", mew=1.5, ms=8, ls="none",
+                    label=f"{v} validation proxy")
     ax.set(xlabel="draft position", ylabel="acceptance", ylim=(0, 1.05),
-           title="acceptance per draft position (bars: measured decoding; ◇: validation agreement)")
+           title="acceptance per draft position\nbars: measured in decoding · ◇: agreement on validation text")
     ax.set_xticks(range(1, 1 + max([len(b) for b in bars.values()] + [len(p) for p in proxy.values()])))
     ax.legend(fontsize=8)
     _save(fig, path)
@@ -148,6 +150,9 @@ def speedup_vs_batch(r, path: Path) -> str | None:
             ax.plot([x for x, _ in ideal], [y for _, y in ideal], "x:", color=colors[v], label=f"{v} ideal")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
+    sizes = sorted({p[0] for pts in series.values() for p in pts})
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.minorticks_off()
     ax.set(xlabel="batch size", ylabel="speedup over our plain greedy",
            title="MTP self-speculative decoding: speedup vs batch size")
     ax.legend(fontsize=8)
@@ -178,6 +183,7 @@ def quality_differences(r, path: Path) -> str | None:
             yerr = [[(delta - lo) * scale], [(hi - delta) * scale]] if lo is not None else None
             ax.errorbar([i], [delta * scale], yerr=yerr, fmt="o", capsize=4, color=colors[v])
         ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xlim(-0.6, len(others) - 0.4)
         ax.set_xticks(range(len(others)))
         ax.set_xticklabels(others, rotation=30, ha="right", fontsize=8)
         ax.set_title(f"Δ {m.label}" + (" (points)" if m.pct else ""), fontsize=9)
