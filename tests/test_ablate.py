@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -249,3 +250,23 @@ def test_shipped_recipes_load_and_plan(tmp_path):
     assert runs["parallel-n4"].mtp.heads == 4 and runs["parallel-n4"].mtp.compute_matched
     assert runs["seq-d1"].mtp.depth == 1 and runs["seq-d1"].mtp.weight == 0.3
     assert ablate.gsm8k_data(quick) == (REPO.parent / "shared" / "data" / "gsm8k").resolve()
+
+
+def test_a_crashing_stage_costs_only_its_own_run(tiny_ablation, tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "res" / tiny_ablation.name
+    shutil.copytree(tiny_ablation, folder)
+    (folder / "runs" / "ntp-s0" / "eval.json").unlink()
+    (folder / "runs" / "seq-d1-s0" / "specbench.json").unlink()
+    ran = []
+
+    def boom(cell, view):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(ablate.STAGE_FUNCS, "eval", boom)
+    monkeypatch.setitem(ablate.STAGE_FUNCS, "specbench", lambda cell, view: ran.append(cell.name))
+    source = results.read_lock(folder)["source"]
+    code, out, err = mtp("ablate", "--recipe", source, "--results-root", tmp_path / "res", capsys=capsys)
+    assert code == 1
+    assert "ntp-s0: eval failed (RuntimeError: boom)" in err
+    assert ran == ["seq-d1-s0"]  # ntp-s0's specbench waits for its eval; the other run went on
+    assert "RuntimeError: boom" in (folder / "runs" / "ntp-s0" / "ablate.log").read_text()
