@@ -80,6 +80,55 @@ def _train_table(summary: dict):
 
 
 @app.command()
+def export(
+    run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
+    out: Path = typer.Option(..., help="Folder for the Hugging Face checkpoint (replaced if it exists)."),
+) -> None:
+    """Write the trunk alone (MTP modules discarded) as a Hugging Face LlamaForCausalLM checkpoint."""
+    from mtp_cli.model.hf import export_run
+
+    path = export_run(run, out)
+    ui.out.print(f"exported {run} -> {path} (load with transformers.AutoModelForCausalLM.from_pretrained)", markup=False)
+
+
+@app.command("eval")
+def eval_(
+    run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
+    tasks: str = typer.Option("humaneval,gsm8k,heldout", help="Comma-separated: humaneval, gsm8k, heldout."),
+    limit: Optional[int] = typer.Option(None, help="First N problems / documents / validation windows of each task."),
+    gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl (offline); default: the hub."),
+    samples: int = typer.Option(1, help="HumanEval completions per problem (pass@k for k <= n)."),
+    temperature: float = typer.Option(0.0, help="HumanEval sampling temperature (0 = greedy; > 0 needs it for --samples > 1)."),
+    text: Optional[Path] = typer.Option(None, help="Also report held-out loss and bits per byte on this text file."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/eval.json)."),
+) -> None:
+    """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
+    from mtp_cli.evals.runner import results_table, run_eval
+
+    doc = run_eval(run, tasks, limit=limit, gsm8k_data=gsm8k_data, samples=samples, temperature=temperature,
+                   text=text, json_path=json_path)
+    ui.out.print(results_table(doc))
+    ui.out.print(f"results written to {doc['json_path']}", markup=False)
+
+
+@app.command()
+def generate(
+    run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
+    prompt: str = typer.Option(..., help="Text to continue."),
+    max_new_tokens: int = typer.Option(128, help="Most tokens to generate."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass (with --temperature > 0)."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+) -> None:
+    """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
+    from mtp_cli.decode.batching import complete
+
+    result = complete(run, prompt, max_new_tokens, temperature, top_p, seed)
+    ui.out.print(prompt + result["text"], markup=False, highlight=False)
+    ui.console.print(f"{result['tokens']} tokens in {result['seconds']:.2f} s", highlight=False)
+
+
+@app.command()
 def ablate(
     recipe: str = typer.Option(..., help="Recipe name (recipes/*.toml) or path to a TOML file with variants."),
     only: Optional[str] = typer.Option(None, help="Run only these variants (comma-separated names)."),

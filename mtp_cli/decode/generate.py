@@ -3,7 +3,10 @@ sampled (temperature / top-p), stop sequences. The engine `mtp generate` and the
 the baseline speculative decoding must reproduce token for token.
 
 Ragged prompts are right-padded for one prefill; each row then continues from its own length
-(the cache masks and overwrites its padding). Finished rows leave the batch.
+(the cache masks and overwrites its padding). Finished rows leave the batch once a quarter of it
+has finished (compacting the cache costs about one step, so it is not done for every row); until
+then they ride along, their tokens discarded and no random numbers drawn for them, so the output
+is the same as dropping each row the moment it finishes.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from mtp_cli.model.trunk import Trunk
 
 StopFn = Callable[[int, list[int]], bool]  # (row index, generated ids so far) -> stop?
+COMPACT_AT = 0.75  # drop finished rows from the batch once at most this fraction is still live
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
@@ -38,13 +42,20 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.
 
 
 def stop_on_strings(tokenizer, stops: Sequence[str], eos_id: int | None = None) -> StopFn:
-    """A StopFn that fires when the decoded completion contains any stop string (or ends with EOS)."""
+    """A StopFn that fires when the decoded completion contains any stop string (or ends with EOS).
+
+    Checked after every token, so a new occurrence must end in the newest token: decoding the last
+    max(len(stop)) + 1 tokens is enough (every token decodes to at least one character)."""
+    window = max((len(s) for s in stops), default=0) + 1
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decode = (lambda ids: backend.decode(ids, skip_special_tokens=False)) if backend is not None else tokenizer.decode
+
     def fn(_row: int, ids: list[int]) -> bool:
         if eos_id is not None and ids and ids[-1] == eos_id:
             return True
         if not stops:
             return False
-        text = tokenizer.decode(ids[-64:])
+        text = decode(ids[-window:])
         return any(s in text for s in stops)
     return fn
 
@@ -77,23 +88,26 @@ def generate(trunk: Trunk, prompts: Sequence[Sequence[int]], max_new_tokens: int
     cache, logits, _ = prefill(trunk, prompts, cache_len, pad_id=eos_id or 0)
     outputs: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))  # original row index of each batch row
-    for _ in range(max_new_tokens):
-        tokens = next_token(logits, temperature, top_p, generator)
-        keep = []
-        for row, tok in enumerate(tokens.tolist()):
+    live = list(range(len(prompts)))  # batch rows still generating
+    for step in range(max_new_tokens):
+        tokens = torch.full((len(active),), eos_id or 0, dtype=torch.long, device=logits.device)
+        live_rows = torch.tensor(live, device=logits.device)
+        tokens[live_rows] = next_token(logits[live_rows], temperature, top_p, generator)
+        still = []
+        for row, tok in zip(live, tokens[live_rows].tolist()):
             i = active[row]
             outputs[i].append(tok)
             done = (eos_id is not None and tok == eos_id) or (stop is not None and stop(i, outputs[i]))
             if not done:
-                keep.append(row)
-        if not keep:
+                still.append(row)
+        live = still
+        if not live or step + 1 >= max_new_tokens:
             break
-        if len(keep) < len(active):
-            rows = torch.tensor(keep, device=tokens.device)
+        if len(live) <= COMPACT_AT * len(active):
+            rows = torch.tensor(live, device=tokens.device)
             cache.select(rows)
             tokens = tokens[rows]
-            active = [active[r] for r in keep]
-        if len(outputs[active[0]]) >= max_new_tokens:  # active rows all have the same count
-            break
+            active = [active[r] for r in live]
+            live = list(range(len(active)))
         logits = trunk(tokens[:, None], cache)[:, -1]
     return outputs

@@ -1,7 +1,8 @@
 """The trunk as a Hugging Face `LlamaForCausalLM`: the export that tools we did not write can load.
 
 The trunk mirrors Llama's parameter names and rotate-half RoPE, so conversion is a renaming
-(`x` -> `model.x`, `lm_head` kept as is); MTP modules are never part of it. With tied embeddings
+(`x` -> `model.x`, `lm_head` kept as is) in both directions; MTP modules are never part of it.
+`load_export` reads such a folder back into our `Trunk`, so evaluation scores the export itself. With tied embeddings
 the checkpoint carries no `lm_head.weight` and the config says `tie_word_embeddings`.
 transformers 5 reads `rope_theta` from `rope_parameters`; older versions read the top-level key,
 so the config carries both.
@@ -14,10 +15,12 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from mtp_cli.config import ModelConfig
 from mtp_cli.errors import UserError
+from mtp_cli.data import tokenizer as toklib
 from mtp_cli.model.trunk import Trunk
 
 EXPORT_INFO = "mtp_export.json"  # provenance: which run, step and objective the export came from
@@ -80,6 +83,25 @@ def generation_config(tokenizer) -> GenerationConfig:
                             pad_token_id=tokenizer.pad_token_id, do_sample=False)
 
 
+def _source_stamp(run_dir: str | Path) -> dict:
+    from mtp_cli.checkpoint import CHECKPOINT
+
+    st = (Path(run_dir) / CHECKPOINT).stat()
+    return {"checkpoint_size": st.st_size, "checkpoint_mtime_ns": st.st_mtime_ns}
+
+
+def ensure_export(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """The run's export (default `<run>/export`), re-exported only if the checkpoint changed since."""
+    out_dir = Path(out_dir) if out_dir else Path(run_dir) / "export"
+    try:
+        info = json.loads((out_dir / EXPORT_INFO).read_text())
+        if info.get("source") == _source_stamp(run_dir) and (out_dir / "config.json").is_file():
+            return out_dir
+    except (OSError, ValueError):
+        pass
+    return export_run(run_dir, out_dir)
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write the run's trunk (MTP modules discarded) as a Hugging Face checkpoint folder; return it."""
     from mtp_cli.checkpoint import load_run
@@ -98,8 +120,50 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     counts = run.model.param_counts()
     (tmp / EXPORT_INFO).write_text(json.dumps({
         "run": str(Path(run_dir).resolve()), "step": run.step, "objective": run.model.objective,
-        "trunk_params": counts["trunk"], "mtp_params_discarded": counts["mtp"],
+        "trunk_params": counts["trunk"], "mtp_params_discarded": counts["mtp"], "source": _source_stamp(run_dir),
     }, indent=2) + "\n")
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.replace(out_dir)
     return out_dir
+
+
+def _model_config(cfg: dict, where: Path) -> ModelConfig:
+    if cfg.get("model_type") != "llama":
+        raise UserError(f"{where} is not a Llama checkpoint (model_type {cfg.get('model_type')!r})")
+    rope = cfg.get("rope_parameters") or {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0)}
+    unsupported = [k for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
+    if rope.get("rope_type", "default") != "default" or cfg.get("hidden_act", "silu") != "silu" or unsupported:
+        raise UserError(f"{where}: only plain Llama checkpoints (default RoPE, SiLU, no biases) can be read back")
+    model = ModelConfig(vocab_size=cfg["vocab_size"], n_layers=cfg["num_hidden_layers"], d_model=cfg["hidden_size"],
+                        n_heads=cfg["num_attention_heads"], n_kv_heads=cfg.get("num_key_value_heads"),
+                        ffn_hidden=cfg["intermediate_size"], context=cfg["max_position_embeddings"],
+                        rope_theta=float(rope["rope_theta"]), norm_eps=cfg["rms_norm_eps"],
+                        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+    if cfg.get("head_dim", model.head_dim) != model.head_dim:
+        raise UserError(f"{where}: head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")
+    return model
+
+
+def load_export(export_dir: str | Path) -> tuple[Trunk, object]:
+    """(Trunk in eval mode, tokenizer) from a Llama checkpoint folder such as `export_run` writes."""
+    export_dir = Path(export_dir)
+    config_path = export_dir / "config.json"
+    if not config_path.is_file():
+        raise UserError(f"no Hugging Face checkpoint in {export_dir} (config.json missing)")
+    model_cfg = _model_config(json.loads(config_path.read_text()), export_dir)
+    index = export_dir / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        if not (export_dir / name).is_file():
+            raise UserError(f"{export_dir / name} is missing")
+        state.update(load_file(export_dir / name))
+    renamed = {k.removeprefix("model."): v for k, v in state.items()}
+    if model_cfg.tie_embeddings:
+        renamed.pop("lm_head.weight", None)
+    trunk = Trunk(model_cfg)
+    try:
+        trunk.load_state_dict(renamed)
+    except RuntimeError as exc:
+        raise UserError(f"weights in {export_dir} do not match its config.json: {str(exc).splitlines()[0]}") from None
+    return trunk.float().eval(), toklib.load(export_dir)
