@@ -9,11 +9,13 @@ Under torchrun only the (collective) train stage runs; a plain `mtp ablate` afte
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
 import shutil
 import time
+import tomllib
 import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -46,6 +48,7 @@ class Ablation:
     source: Path
     results_dir: Path
     cells: list[Cell]
+    fingerprint: str = ""
     summary: Path | None = None
     failures: list[str] = field(default_factory=list)
 
@@ -75,7 +78,17 @@ def plan(recipe_path: str | Path, only: str | list[str] | None = None, seeds: li
             run_dir = results_dir / results.RUNS / results.run_name(v.name, seed)
             cells.append(Cell(v, seed, run_recipe, run_dir,
                               results.pending_stages(results.RunFolder(run_dir), run_recipe)))
-    return Ablation(recipe, source, results_dir, cells)
+    return Ablation(recipe, source, results_dir, cells, fingerprint(source))
+
+
+def fingerprint(source: Path) -> str:
+    """The recipe version: a hash of the TOML as written (parsed, so comments and layout do not count,
+    and without `description`). Defaults are not in it, so a new option in the code does not orphan
+    stored results; what changed in the code is in each run's git commit."""
+    data = tomllib.loads(source.read_text())
+    data.setdefault("name", source.stem)
+    data.pop("description", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,
@@ -313,7 +326,7 @@ def check_lock(ab: Ablation, force: bool) -> bool:
     """True when the folder holds results of another recipe version that --force may discard."""
     lock = results.read_lock(ab.results_dir)
     has_runs = any((ab.results_dir / results.RUNS).glob("*/run.json"))
-    mine = ab.recipe.fingerprint()
+    mine = ab.fingerprint
     if lock.get("fingerprint") == mine or (not lock and not has_runs):
         return False
     what = (f"results of another version of recipe {ab.recipe.name} (fingerprint {lock['fingerprint']}, "
@@ -338,9 +351,9 @@ def write_lock(ab: Ablation) -> None:
     ab.results_dir.mkdir(parents=True, exist_ok=True)
     path = ab.results_dir / results.LOCK
     lock = results.read_lock(ab.results_dir)
-    if lock.get("fingerprint") == ab.recipe.fingerprint():
+    if lock.get("fingerprint") == ab.fingerprint:
         return
-    write_json(path, {"recipe_name": ab.recipe.name, "fingerprint": ab.recipe.fingerprint(),
+    write_json(path, {"recipe_name": ab.recipe.name, "fingerprint": ab.fingerprint,
                       "source": _display_path(ab.source), "created": _now(), "recipe": ab.recipe.to_dict()})
 
 
@@ -348,7 +361,7 @@ def _log_stage(ab: Ablation, cell: Cell, stage: str, seconds: float) -> None:
     path = cell.run_dir / results.ABLATE_JSON
     log = json.loads(path.read_text()) if path.is_file() else {}
     log.update({"variant": cell.variant.name, "seed": cell.seed, "recipe": ab.recipe.name,
-                "fingerprint": ab.recipe.fingerprint()})
+                "fingerprint": ab.fingerprint})
     log.setdefault("stages", {})[stage] = {"seconds": round(seconds, 2), "finished": _now()}
     write_json(path, log)
 
@@ -372,7 +385,7 @@ def plan_table(ab: Ablation):
     from mtp_cli.cost import Estimator
 
     est = Estimator(ab.results_dir, ab.recipe)
-    table = Table(title=f"mtp ablate {ab.recipe.name} → {ab.results_dir} (recipe {ab.recipe.fingerprint()})",
+    table = Table(title=f"mtp ablate {ab.recipe.name} → {ab.results_dir} (recipe {ab.fingerprint})",
                   caption="≈ estimates; measured times replace them as runs finish")
     for col, justify in (("run", "left"), ("objective", "left"), ("to do", "left"), ("≈ time", "right"),
                          ("basis", "left")):

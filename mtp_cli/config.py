@@ -8,8 +8,6 @@ every entry point (train, ablate, tests) rejects the same bad input the same way
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import re
 import tomllib
 import types
@@ -298,11 +296,6 @@ class Recipe:
         run = dataclasses.replace(self, **sections, seeds=[seed], variants=[],
                                   description=variant.description or self.description)
         return run.validate() if validate else run
-
-    def fingerprint(self) -> str:
-        """Hash of everything that changes results (the description does not)."""
-        data = {k: v for k, v in self.to_dict().items() if k != "description"}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return _to_toml_dict(self)
