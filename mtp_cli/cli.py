@@ -129,6 +129,33 @@ def generate(
 
 
 @app.command()
+def specbench(
+    run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
+    prompts: str = typer.Option("humaneval", help="humaneval | gsm8k | a file (one prompt per line, or JSONL with \"prompt\")."),
+    limit: int = typer.Option(20, help="First N prompts."),
+    max_new_tokens: int = typer.Option(128, help="Tokens to generate per prompt (fewer at EOS)."),
+    batch_sizes: str = typer.Option("1", help="Comma-separated batch sizes, e.g. 1,4,16."),
+    repeats: int = typer.Option(5, help="Timed repeats after the warm-up (medians and 95% intervals over them)."),
+    draft_len: Optional[int] = typer.Option(None, help="Drafts per step (default: one per MTP module/head; sequential "
+                                                       "modules can draft further by reusing the last one)."),
+    draft: Optional[Path] = typer.Option(None, help="A smaller NTP run with the same tokenizer: adds HF assisted generation with it as the draft model."),
+    gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K test.jsonl for --prompts gsm8k (or set MTP_GSM8K_DATA)."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads during the benchmark (default: torch's)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
+) -> None:
+    """End-to-end latency: plain greedy vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers."""
+    from mtp_cli.decode.bench import JSON_NAME, render_table, run_specbench
+
+    report = run_specbench(run, prompts=prompts, limit=limit, max_new_tokens=max_new_tokens,
+                           batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
+                           draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads)
+    ui.out.print(render_table(report))
+    if report["no_mtp_reason"]:
+        ui.out.print(f"no MTP row: {report['no_mtp_reason']}", markup=False)
+    ui.out.print(f"results written to {json_path or run / JSON_NAME}", markup=False)
+
+
+@app.command()
 def ablate(
     recipe: str = typer.Option(..., help="Recipe name (recipes/*.toml) or path to a TOML file with variants."),
     only: Optional[str] = typer.Option(None, help="Run only these variants (comma-separated names)."),

