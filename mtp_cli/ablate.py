@@ -146,6 +146,7 @@ class GridView:
         self.overall = self.progress.add_task(f"ablate {ab.recipe.name}", total=sum(map(len, self.todo.values())),
                                               info="stages")
         n = len(results.STAGES)
+        self.completed = {cell.name: n - len(cell.pending) for cell, _ in todo}
         self.rows = {cell.name: self.progress.add_task(f"  {cell.name}", total=n, completed=n - len(cell.pending),
                                                        info="waiting" if stages else "done") for cell, stages in todo}
         self.train_task = None
@@ -158,8 +159,10 @@ class GridView:
         skipped = 0 if ok else len(stages) - stages.index(stage) - 1
         self.progress.update(self.overall, advance=1 + skipped)
         self.progress.update(self.rows[cell.name], advance=1)
-        last = stage == stages[-1]
-        self.progress.update(self.rows[cell.name], info="done" if ok and last else ("[red]failed[/red]" if not ok else "…"))
+        self.completed[cell.name] += 1
+        info = "[red]failed[/red]" if not ok else ("done" if self.completed[cell.name] == len(results.STAGES)
+                                                   else f"{stage} done")
+        self.progress.update(self.rows[cell.name], info=info)
 
     def training(self, cell: Cell, metrics: Path) -> None:
         """Show the steps of a training running in a child process (polled from its metrics)."""
@@ -358,6 +361,8 @@ def write_lock(ab: Ablation) -> None:
 
 
 def _log_stage(ab: Ablation, cell: Cell, stage: str, seconds: float) -> None:
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     path = cell.run_dir / results.ABLATE_JSON
     log = json.loads(path.read_text()) if path.is_file() else {}
     log.update({"variant": cell.variant.name, "seed": cell.seed, "recipe": ab.recipe.name,

@@ -175,7 +175,8 @@ def ablate(
         return
     for failure in ab.failures:
         ui.console.print(f"[red]failed:[/red] {failure}", highlight=False, soft_wrap=True)
-    ui.out.print(f"summary written to {ab.summary}; render the report with `mtp report {ab.results_dir}`")
+    if ab.summary:  # under torchrun only rank 0 writes it
+        ui.out.print(f"summary written to {ab.summary}; render the report with `mtp report {ab.results_dir}`")
     if ab.failures:
         raise typer.Exit(1)
 
