@@ -270,3 +270,21 @@ def test_a_crashing_stage_costs_only_its_own_run(tiny_ablation, tmp_path, monkey
     assert "ntp-s0: eval failed (RuntimeError: boom)" in err
     assert ran == ["seq-d1-s0"]  # ntp-s0's specbench waits for its eval; the other run went on
     assert "RuntimeError: boom" in (folder / "runs" / "ntp-s0" / "ablate.log").read_text()
+
+
+@pytest.mark.slow
+def test_torchrun_trains_the_grid_then_a_plain_ablate_finishes(tmp_path):
+    recipe = tmp_path / "ddp.toml"
+    recipe.write_text(ablation_toml("ddp", seeds=(0,), steps=4, eval_tasks=(), specbench=False))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    first = subprocess.run([str(torchrun), "--nproc_per_node", "2", "-m", "mtp_cli", "ablate", "--recipe", str(recipe),
+                            "--results-root", str(tmp_path / "res")], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    runs = tmp_path / "res" / "ddp" / "runs"
+    for name in ("ntp-s0", "seq-d1-s0"):
+        assert json.loads((runs / name / "run.json").read_text())["world_size"] == 2
+        assert not (runs / name / "export").exists()  # torchrun runs the train stage only
+    ab = ablate.run_ablation(recipe, results_root=tmp_path / "res", show_progress=False)
+    assert not ab.failures and all(not c.pending for c in ab.cells)
