@@ -99,12 +99,15 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
     stale = check_lock(ab, force)
     if dry_run:
         return ab
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     if stale:
+        if world > 1:  # every rank must see the same folder: discard it in one process first
+            raise UserError(f"--force under torchrun: discard {ab.results_dir} first (remove it, or run "
+                            f"`mtp ablate --recipe {ab.source} --force` without torchrun)")
         discard(ab.results_dir)
         ab = plan(recipe_path, only, seeds, results_root)
     write_lock(ab)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     stages = ("train",) if world > 1 else results.STAGES
     if world > 1 and rank == 0:
         ui.console.print(f"torchrun with {world} processes: running the train stage only; "
@@ -210,7 +213,7 @@ def _run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
         raise
     except Exception as exc:  # a crash in one run must not cost the others
         with open(cell.run_dir / "ablate.log", "a") as log:
-            log.write(f"--- {stage} failed at {_now()}\n{traceback.format_exc()}\n")
+            log.write(f"--- {stage} failed at {_now()}\n{getattr(exc, 'details', None) or traceback.format_exc()}\n")
         ab.failures.append(f"{cell.name}: {stage} failed ({type(exc).__name__}: {exc}); see {cell.run_dir / 'ablate.log'}")
         ui.console.print(f"[red]{cell.name}: {stage} failed[/red] ({type(exc).__name__}: {exc})", highlight=False)
         return False
@@ -226,10 +229,10 @@ def _train(cell: Cell, view: GridView) -> None:
 
         train(cell.recipe, cell.run_dir, resume=True, show_progress=view.show_nested)
         return
-    ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
     import torch
 
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_train_child, name=f"train {cell.name}",
                         args=(cell.recipe.to_dict(), str(cell.run_dir), torch.get_num_threads(), send))
     child.start()
@@ -250,7 +253,15 @@ def _train(cell: Cell, view: GridView) -> None:
     if kind == "interrupted":
         raise KeyboardInterrupt
     if kind != "ok":
-        raise RuntimeError(text)
+        raise TrainingCrashed(text)
+
+
+class TrainingCrashed(RuntimeError):
+    """A crash in the training child: the message is its last line, `details` its whole traceback."""
+
+    def __init__(self, details: str):
+        super().__init__(details.strip().splitlines()[-1])
+        self.details = details
 
 
 def _train_child(recipe_dict: dict, run_dir: str, threads: int, send) -> None:
@@ -270,8 +281,7 @@ def _train_child(recipe_dict: dict, run_dir: str, threads: int, send) -> None:
     except KeyboardInterrupt:
         send.send(("interrupted", ""))
     except BaseException:
-        send.send(("error", traceback.format_exc().strip().splitlines()[-1]))
-        raise
+        send.send(("error", traceback.format_exc()))
 
 
 def _die_with_parent() -> None:

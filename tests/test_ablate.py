@@ -288,3 +288,12 @@ def test_torchrun_trains_the_grid_then_a_plain_ablate_finishes(tmp_path):
         assert not (runs / name / "export").exists()  # torchrun runs the train stage only
     ab = ablate.run_ablation(recipe, results_root=tmp_path / "res", show_progress=False)
     assert not ab.failures and all(not c.pending for c in ab.cells)
+
+
+def test_bad_input_found_inside_the_training_process_is_one_line_exit_2(tmp_path, capsys):
+    recipe = tmp_path / "deep.toml"
+    recipe.write_text(ablation_toml("deep", eval_tasks=(), specbench=False,
+                                    variants='[[variants]]\nname = "par-n5"\nmtp = { objective = "parallel", heads = 5 }\n'))
+    code, _, err = mtp("ablate", "--recipe", recipe, "--results-root", tmp_path / "res", capsys=capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # below the grid's progress view
+    assert code == 2 and len(errors) == 1 and "compute-matched parallel heads need n_layers >= heads" in errors[0]
