@@ -280,6 +280,10 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         if ddp.main and ddp.world == 1 and step > start_step:
             save(step)
             ui.console.print(f"interrupted: checkpoint saved at step {step}; continue with --resume")
+        _mark_stopped(out, summary, "interrupted", step, ddp)
+        raise
+    except UserError:
+        _mark_stopped(out, summary, "diverged", step, ddp)
         raise
     finally:
         if metrics_file:
@@ -301,6 +305,11 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     if ddp.main:
         ckpt.write_json(out / ckpt.RUN_JSON, summary)
     return summary
+
+
+def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: Dist) -> None:
+    if ddp.main:
+        ckpt.write_json(out / ckpt.RUN_JSON, {**summary, "status": status, "step": step})
 
 
 def _accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,
