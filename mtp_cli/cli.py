@@ -119,13 +119,22 @@ def generate(
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass (with --temperature > 0)."),
     seed: int = typer.Option(0, help="Sampling seed."),
+    speculative: bool = typer.Option(False, "--speculative", help="Let the run's MTP modules draft and the trunk verify "
+                                                                   "(greedy: the same text; sampling: the same distribution)."),
+    draft_len: Optional[int] = typer.Option(None, help="Drafts per step with --speculative (default: one per module/head)."),
 ) -> None:
     """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
     from mtp_cli.decode.batching import complete
 
-    result = complete(run, prompt, max_new_tokens, temperature, top_p, seed)
+    result = complete(run, prompt, max_new_tokens, temperature, top_p, seed, speculative=speculative,
+                      draft_len=draft_len)
     ui.out.print(prompt + result["text"], markup=False, highlight=False)
     ui.console.print(f"{result['tokens']} tokens in {result['seconds']:.2f} s", highlight=False)
+    if speculative:
+        s = result["speculative"]
+        ui.console.print(f"drafts: {s['accepted']}/{s['drafted']} accepted ({s['acceptance_rate']:.1%}), "
+                         f"mean acceptance length {s['mean_acceptance_length']:.2f} over {s['steps']} steps",
+                         highlight=False)
 
 
 @app.command()

@@ -152,3 +152,14 @@ def test_median_ci():
     med, (lo, hi) = median_ci([3.0, 1.0, 2.0, 5.0, 4.0])
     assert med == 3.0 and 1.0 <= lo <= med <= hi <= 5.0
     assert median_ci([2.0]) == (2.0, [2.0, 2.0])
+
+
+def test_generate_speculative_prints_the_same_text(tiny_runs, capsys):
+    args = ["generate", tiny_runs["sequential"], "--prompt", "def split(s):", "--max-new-tokens", 16]
+    code, plain, _ = mtp(*args, capsys=capsys)
+    code_spec, spec, err = mtp(*args, "--speculative", "--draft-len", 3, capsys=capsys)
+    assert code == code_spec == 0 and plain == spec and "mean acceptance length" in err
+    code, _, err = mtp("generate", tiny_runs["ntp"], "--prompt", "x", "--speculative", capsys=capsys)
+    assert code == 2 and "no MTP modules" in err
+    code, _, err = mtp("generate", tiny_runs["sequential"], "--prompt", "x", "--draft-len", 2, capsys=capsys)
+    assert code == 2 and "--draft-len needs --speculative" in err

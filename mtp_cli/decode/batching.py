@@ -49,8 +49,9 @@ def generate_texts(trunk, tokenizer, prompts: Sequence[str], max_new_tokens: int
 
 
 def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-             seed: int = 0) -> dict:
-    """`mtp generate`: one completion from a run's trunk. {'text', 'tokens', 'seconds'}."""
+             seed: int = 0, speculative: bool = False, draft_len: int | None = None) -> dict:
+    """`mtp generate`: one completion from a run's trunk. {'text', 'tokens', 'seconds'}, plus the drafting
+    counters under 'speculative' when the run's MTP modules draft (greedy: the same text)."""
     import time
 
     from mtp_cli.checkpoint import load_run
@@ -64,8 +65,21 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
     ids = encode(run.tokenizer, prompt)
     if not ids:
         raise UserError("--prompt is empty")
+    if draft_len is not None and not speculative:
+        raise UserError("--draft-len needs --speculative")
+    generator = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
-    (out,) = generate_ids(run.model.trunk, run.tokenizer, [ids], max_new_tokens, temperature=temperature, top_p=top_p,
-                          generator=torch.Generator().manual_seed(seed))
+    if speculative:
+        from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
+
+        stats = SpecStats(draft_len_for(run.model, draft_len))
+        (out,) = speculative_generate(run.model, [ids], max_new_tokens, draft_len=stats.k, temperature=temperature,
+                                      top_p=top_p, eos_id=run.tokenizer.eos_token_id, generator=generator, stats=stats)
+    else:
+        (out,) = generate_ids(run.model.trunk, run.tokenizer, [ids], max_new_tokens, temperature=temperature,
+                              top_p=top_p, generator=generator)
     seconds = time.perf_counter() - t0
-    return {"text": run.tokenizer.decode(out, skip_special_tokens=True), "tokens": len(out), "seconds": seconds}
+    result = {"text": run.tokenizer.decode(out, skip_special_tokens=True), "tokens": len(out), "seconds": seconds}
+    if speculative:
+        result["speculative"] = stats.to_dict()
+    return result

@@ -11,8 +11,9 @@ drafts in one forward (`accept` is the one place the acceptance rule lives):
 
 Bookkeeping per row: the trunk's KV cache holds positions 0..c-1 and `seq[c]` is the pending token
 (committed, not yet fed to the trunk); positions after c in `seq` are scratch for drafts. Rejected
-drafts are undone by rolling the caches back (`KVCache.rollback`); rows accept different numbers
-of drafts (ragged) and leave the batch when they finish.
+drafts are undone by rolling the trunk's cache back (`KVCache.rollback`; module caches are written
+at explicit positions and simply overwritten); rows accept different numbers of drafts (ragged)
+and leave the batch when they finish.
 
 Drafters:
 - `SequentialDrafter` (DeepSeek-V3 modules): depth d at position j fuses h^{d-1}_j with Emb(x_{j+d})
@@ -155,17 +156,20 @@ class _ModuleDrafter(Drafter):
         pos = (start[:, None] + self.steps[: states.shape[1]]).clamp_(max=self.capacity - 1)
         self.states[torch.arange(len(start), device=start.device)[:, None], pos] = states
 
-    def _window(self, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Each row's positions exact..c-1, left-aligned and padded to the widest row:
-        (positions (B, W), trunk states there (B, W, d), index of each row's last real position (B,))."""
+    def _window(self, lengths: Tensor) -> tuple[Tensor, Tensor, tuple]:
+        """Each row's positions exact..c-1, left-aligned and padded to the widest row: (trunk states
+        there (B, W, d), index of each row's last real position (B,), rope for those positions)."""
         width = lengths - self.exact
         pos = (self.exact[:, None] + self.steps[: int(width.max())]).clamp_(max=self.capacity - 1)
         rows = torch.arange(len(lengths), device=lengths.device)[:, None]
-        return pos, self.states[rows, pos], width - 1
+        return self.states[rows, pos], width - 1, self._rope(pos)
 
-    def _rope(self, cache: KVCache, start: Tensor, width: int, dtype: torch.dtype):
-        cache.rollback(start)  # writes land at start[b]..; the mask hides anything after a query
-        return self.trunk.rope(width, start.device, cache, dtype)
+    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(cos, sin, positions) for a module: its cache is written and masked at these explicit
+        positions (its `lengths` are not used), so nothing needs rolling back — stale slots beyond a
+        query's position are masked and later overwritten."""
+        cos, sin = self.trunk.rotary(positions, self.states.dtype)
+        return cos, sin, positions
 
     def select(self, rows: Tensor) -> None:
         self.states, self.exact = self.states[rows], self.exact[rows]
@@ -185,19 +189,18 @@ class SequentialDrafter(_ModuleDrafter):
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor) -> None:
         self._store(start, hidden)
 
-    def _module(self, d: int, h_prev: Tensor, tokens: Tensor, start: Tensor) -> Tensor:
-        cache = self.caches[d - 1]
-        rope = self._rope(cache, start, tokens.shape[1], h_prev.dtype)
-        return self.model.mtp[d - 1](h_prev, self.trunk.embed_tokens(tokens), rope, cache)
+    def _module(self, d: int, h_prev: Tensor, tokens: Tensor, rope: tuple) -> Tensor:
+        return self.model.mtp[d - 1](h_prev, self.trunk.embed_tokens(tokens), rope, self.caches[d - 1])
 
     def propose(self, seq, lengths, temperature, top_p, generator):
         rows = torch.arange(len(lengths), device=lengths.device)
-        pos, h, last = self._window(lengths)
+        h, last, rope = self._window(lengths)
         h = self.trunk.norm(h) if self.post_norm else h
         drafts, probs = [], []
         for d in range(1, self.depth + 1):
-            tokens = seq.gather(1, (pos + d).clamp_(max=seq.shape[1] - 1))  # x_{j+d}; after c: earlier drafts
-            h = self._module(d, h, tokens, self.exact)
+            # x_{j+d} for window position j; after the pending token these are earlier drafts
+            tokens = seq.gather(1, (rope[2] + d).clamp_(max=seq.shape[1] - 1))
+            h = self._module(d, h, tokens, rope)
             tok, q = _pick(self.model.extra_logits(d, h[rows, last]), temperature, top_p, generator)
             seq[rows, lengths + d] = tok
             drafts.append(tok)
@@ -206,7 +209,8 @@ class SequentialDrafter(_ModuleDrafter):
         for i in range(self.depth + 1, self.k + 1):
             if self.depth == 1 and self.post_norm:  # module 1 was trained on a post-final-norm state
                 h = self.model.mtp[0].shared_head.norm(h)
-            h = self._module(self.depth, h, drafts[-1][:, None], lengths + (i - self.depth - 1))
+            rope = self._rope((lengths + (i - self.depth - 1))[:, None])
+            h = self._module(self.depth, h, drafts[-1][:, None], rope)
             tok, q = _pick(self.model.extra_logits(self.depth, h[:, -1]), temperature, top_p, generator)
             drafts.append(tok)
             probs.append(q)
@@ -231,10 +235,9 @@ class ParallelDrafter(_ModuleDrafter):
 
     def propose(self, seq, lengths, temperature, top_p, generator):
         rows = torch.arange(len(lengths), device=lengths.device)
-        pos, shared, last = self._window(lengths)
+        shared, last, (cos, sin, positions) = self._window(lengths)
         drafts, probs = [], []
         for j in range(self.k):
-            cos, sin, positions = self._rope(self.caches[j], self.exact, pos.shape[1], shared.dtype)
             h = self.model.mtp[j](shared, cos, sin, self.caches[j], 0, positions)
             tok, q = _pick(self.trunk.head(h[rows, last]), temperature, top_p, generator)
             drafts.append(tok)
