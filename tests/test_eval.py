@@ -1,0 +1,155 @@
+"""`mtp eval` end to end (runner, JSON schema, held-out arithmetic) and the export/eval/generate CLI,
+including its one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtp_cli.checkpoint import load_run
+from mtp_cli.errors import UserError
+from mtp_cli.evals import heldout, runner
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K_DATA = REPO.parent / "shared" / "data" / "gsm8k"
+
+
+def cli(*args, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The real `mtp` entry point in a fresh process (one torch thread: tiny models, shared cores)."""
+    return subprocess.run([sys.executable, "-m", "mtp_cli", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def mtp(*args, capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """`mtp_cli.cli.main` in this process (no start-up cost), as a CompletedProcess."""
+    from mtp_cli.cli import main
+
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["mtp", *map(str, args)])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.skipif(not (GSM8K_DATA / "test.jsonl").is_file(), reason="no GSM8K data")
+def test_run_eval_writes_the_documented_json(tiny_runs, tmp_path):
+    json_path = tmp_path / "out" / "eval.json"
+    text = tmp_path / "text.txt"
+    text.write_text((REPO / "mtp_cli" / "evals" / "stats.py").read_text())
+    doc = runner.run_eval(tiny_runs["sequential"], limit=2, gsm8k_data=GSM8K_DATA, text=text, json_path=json_path,
+                          show_progress=False)
+    assert json.loads(json_path.read_text())["results"] == json.loads(json.dumps(doc["results"]))
+    res = doc["results"]
+    h, g, ho = res["humaneval"], res["gsm8k"], res["heldout"]
+    assert h["n"] == 2 and 0 <= h["pass@1"] <= 1 and len(h["pass@1_ci95"]) == 2
+    assert Path(h["samples_path"]).parent == json_path.parent and Path(h["samples_path"]).is_file()
+    for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
+        assert 0 <= g[key] <= 1 and len(g[f"{key}_ci95"]) == 2
+    assert g["n"] == 2 and Path(g["samples_path"]).is_file()
+    assert ho["n"] == 2 * 64 and ho["loss_ci95"][0] <= ho["loss"] <= ho["loss_ci95"][1]
+    assert [e["name"] for e in ho["extra"]] == ["depth 1", "depth 2"]
+    assert ho["text"]["n_windows"] >= 1 and ho["text"]["source"] == str(text.resolve())
+    export = Path(doc["export"])
+    assert export == tiny_runs["sequential"] / "export" and (export / "model.safetensors").is_file()
+    info = json.loads((export / "mtp_export.json").read_text())
+    assert info["step"] == doc["step"] and info["mtp_params_discarded"] > 0
+    assert doc["tasks"] == ["humaneval", "gsm8k", "heldout"] and set(doc["seconds"]) == set(doc["tasks"])
+
+
+def test_heldout_bits_per_byte_is_loss_over_bytes(tiny_runs):
+    run = load_run(tiny_runs["parallel"])
+    data_tokens = run.tokenizer("def f(x):\n    return x * 2\n" * 40, add_special_tokens=False).input_ids
+    import numpy as np
+
+    out = heldout.score_tokens(run.model, run.tokenizer, np.asarray(data_tokens), limit=3)
+    n_bytes = len(run.tokenizer.decode(data_tokens[1:1 + 3 * 64]).encode())
+    assert out["n"] == 3 * 64 and out["n_bytes"] == n_bytes
+    assert out["bpb"] == pytest.approx(out["loss"] * out["n"] / math.log(2) / n_bytes)
+    full = heldout.evaluate(run.model, [(__import__("torch").tensor([data_tokens[i * 64:(i + 1) * 64] for i in range(3)]),
+                                         __import__("torch").tensor([data_tokens[i * 64 + 1:(i + 1) * 64 + 1] for i in range(3)]))])
+    assert out["loss"] == pytest.approx(full["loss"]) and out["extra"][0]["agree"] == pytest.approx(full["agree_1"])
+    assert [e["name"] for e in out["extra"]] == ["head 2", "head 3"]
+
+
+def test_limits_and_tasks_are_validated():
+    assert runner.parse_tasks("heldout, gsm8k") == ["heldout", "gsm8k"]
+    with pytest.raises(UserError, match="unknown eval task mmlu"):
+        runner.parse_tasks("heldout,mmlu")
+    assert runner.parse_limits({"humaneval": 0, "gsm8k": 5}, ["humaneval", "gsm8k", "heldout"]) == \
+        {"humaneval": None, "gsm8k": 5, "heldout": None}
+    with pytest.raises(UserError):
+        runner.parse_limits(-1, ["heldout"])
+
+
+def test_cli_export_generate_and_heldout_eval(tiny_runs, tmp_path):
+    out = tmp_path / "hf"
+    proc = cli("export", tiny_runs["ntp"], "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+    proc = cli("generate", tiny_runs["ntp"], "--prompt", "def split(", "--max-new-tokens", "12")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("def split(") and len(proc.stdout) > len("def split(\n")
+    run = load_run(tiny_runs["ntp"])
+    from mtp_cli.decode.batching import generate_texts
+
+    expected = generate_texts(run.model.trunk, run.tokenizer, ["def split("], 12)[0]
+    assert proc.stdout == "def split(" + expected + "\n"
+    json_path = tmp_path / "e.json"
+    proc = cli("eval", tiny_runs["ntp"], "--tasks", "heldout", "--limit", "2", "--json", json_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "loss (nats/token)" in proc.stdout
+    assert json.loads(json_path.read_text())["results"]["heldout"]["n"] == 2 * 64
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, capsys, monkeypatch):
+    def run(*args):
+        return mtp(*args, capsys=capsys, monkeypatch=monkeypatch)
+
+    empty = tmp_path / "no-checkpoint"
+    empty.mkdir()
+    one_line_error(run("eval", empty, "--tasks", "heldout"), "no checkpoint")
+    one_line_error(run("export", empty, "--out", tmp_path / "x"), "no checkpoint")
+    one_line_error(run("generate", empty, "--prompt", "x"), "no checkpoint")
+    one_line_error(run("eval", tmp_path / "missing", "--tasks", "heldout"), "not found")
+    one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "humaneval,mmlu"), "unknown eval task mmlu")
+    one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--gsm8k-data", tmp_path), "train.jsonl")
+    one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "heldout", "--text", tmp_path / "nope.txt"), "--text")
+    one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "humaneval", "--samples", "4"), "--temperature")
+
+    # a tokenizer that is not the one the checkpoint was trained with
+    from mtp_cli.data import tokenizer as toklib
+
+    wrong = tmp_path / "wrong-tokenizer"
+    shutil.copytree(tiny_runs["ntp"], wrong, ignore=shutil.ignore_patterns("export", "eval*"))
+    shutil.rmtree(wrong / "tokenizer")
+    toklib.train_bpe(["completely different text " * 50, "other words here"], 300).save_pretrained(wrong / "tokenizer")
+    one_line_error(run("eval", wrong, "--tasks", "heldout"), "tokenizer")
+    one_line_error(run("export", wrong, "--out", tmp_path / "y"), "tokenizer")
+
+
+def test_cli_gsm8k_offline_without_data(tiny_runs, tmp_path):
+    """The real entry point, offline (no hub, empty cache) and no --gsm8k-data: one line, exit 2."""
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+    one_line_error(cli("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--json", tmp_path / "g.json", env=offline),
+                   "--gsm8k-data")

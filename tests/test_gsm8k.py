@@ -1,0 +1,96 @@
+"""GSM8K through lm-eval: the local task is the stock task on local files, our lm-eval model class
+agrees with HFLM on the export, and missing data is a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtp_cli.checkpoint import load_run
+from mtp_cli.errors import UserError
+from mtp_cli.evals import gsm8k
+from mtp_cli.evals.lm import MTPLM
+from mtp_cli.model import hf
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+GSM8K_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+needs_data = pytest.mark.skipif(not (GSM8K_DATA / "test.jsonl").is_file(), reason=f"no GSM8K data at {GSM8K_DATA}")
+
+
+@pytest.fixture(scope="module")
+def random_export(tiny_runs, tmp_path_factory) -> Path:
+    """A trunk with large random weights (varied, tie-free greedy output) exported for HFLM."""
+    from conftest import tiny_model_config
+    from mtp_cli.model.trunk import Trunk, init_weights
+
+    torch.manual_seed(0)
+    trunk = Trunk(tiny_model_config())
+    init_weights(trunk, 0.3)
+    tok = load_run(tiny_runs["ntp"]).tokenizer
+    out = tmp_path_factory.mktemp("random-export")
+    hf.trunk_to_hf(trunk, tok).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@needs_data
+def test_local_task_is_the_stock_task_on_local_files(tmp_path):
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    gsm8k.render_task(GSM8K_DATA, tmp_path)
+    local = load_yaml(tmp_path / "gsm8k_local.yaml", resolve_func=False)
+    stock = load_yaml(gsm8k.STOCK_YAML, resolve_func=False)
+    differs = {k for k in set(local) | set(stock) if local.get(k) != stock.get(k)}
+    assert differs == {"task", "tag", "dataset_path", "dataset_name", "dataset_kwargs"}
+    assert local["dataset_path"] == "json"
+    task = TaskManager(include_path=str(tmp_path), include_defaults=False).load(["gsm8k_local"])["tasks"]["gsm8k_local"]
+    doc = next(iter(task.test_docs()))
+    assert task.doc_to_text(doc) == f"Question: {doc['question']}\nAnswer:"
+    assert len(task.test_docs()) == 1319 and len(task.training_docs()) == 7473
+
+
+@needs_data
+def test_ours_agrees_with_hflm_on_the_export(random_export):
+    from lm_eval.models.huggingface import HFLM
+
+    trunk, tok = hf.load_export(random_export)
+    ours = gsm8k.run(MTPLM(trunk=trunk, tokenizer=tok), limit=3, data_dir=GSM8K_DATA)
+    theirs = gsm8k.run(HFLM(pretrained=str(random_export), max_length=4096, batch_size=3, device="cpu",
+                            dtype="float32"), limit=3, data_dir=GSM8K_DATA)
+    assert [s["response"] for s in ours["samples"]] == [s["response"] for s in theirs["samples"]]
+    assert len({s["response"] for s in ours["samples"]}) == 3 and all(s["response"].strip() for s in ours["samples"])
+    for key in gsm8k.METRICS:
+        assert ours[key] == theirs[key]
+
+
+def test_loglikelihoods_agree_with_hflm(random_export):
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    trunk, tok = hf.load_export(random_export)
+    ours = MTPLM(trunk=trunk, tokenizer=tok)
+    theirs = HFLM(pretrained=str(random_export), batch_size=2, device="cpu", dtype="float32")
+    pairs = [("def f(x):", "\n    return x"), ("import os", " and sys"), ("", "hello world")]
+    reqs = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
+    for (a, ga), (b, gb) in zip(ours.loglikelihood(reqs), theirs.loglikelihood(reqs)):
+        assert a == pytest.approx(b, abs=1e-3) and ga == gb
+    text = "class Template:\n    pattern = r'x'\n" * 5  # longer than the 64-token context: rolling windows
+    rolling = [Instance("loglikelihood_rolling", {}, (text,), 0)]
+    assert ours.loglikelihood_rolling(rolling)[0] == pytest.approx(theirs.loglikelihood_rolling(rolling)[0], abs=1e-2)
+
+
+def test_missing_or_incomplete_data_is_a_user_error(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="train.jsonl and test.jsonl"):
+        gsm8k.check_data(tmp_path)
+    (tmp_path / "train.jsonl").write_text("")
+    with pytest.raises(UserError, match="test.jsonl"):
+        gsm8k.preflight(tmp_path)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(gsm8k, "_hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(UserError, match="--gsm8k-data"):
+        gsm8k.preflight(None)
