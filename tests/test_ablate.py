@@ -297,3 +297,11 @@ def test_bad_input_found_inside_the_training_process_is_one_line_exit_2(tmp_path
     code, _, err = mtp("ablate", "--recipe", recipe, "--results-root", tmp_path / "res", capsys=capsys)
     errors = [line for line in err.splitlines() if line.startswith("error:")]  # below the grid's progress view
     assert code == 2 and len(errors) == 1 and "compute-matched parallel heads need n_layers >= heads" in errors[0]
+
+
+def test_committed_results_without_checkpoints_or_exports_need_nothing(tiny_ablation, tmp_path):
+    """What a fresh clone has (.gitignore drops checkpoints and exports): `make report` must only re-render."""
+    shutil.copytree(tiny_ablation, tmp_path / "res" / tiny_ablation.name,
+                    ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
+    ab = ablate.plan(results.read_lock(tiny_ablation)["source"], results_root=tmp_path / "res")
+    assert [c.pending for c in ab.cells] == [[], []]
