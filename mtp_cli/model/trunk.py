@@ -18,6 +18,22 @@ from torch import nn
 from mtp_cli.config import ModelConfig
 
 
+def wide_linear(x: torch.Tensor, weight: torch.Tensor, owner: nn.Module) -> torch.Tensor:
+    """`F.linear(x, weight)`, but for a weight with more outputs than inputs (gate/up projections,
+    the unembedding) used on CPU without autograd — decoding — it multiplies by a cached contiguous
+    transpose instead: MKL reads that layout about twice as fast when only a few rows are decoded at
+    once (and equally fast for many). The copy lives on `owner` (not in its state dict) and is
+    rebuilt whenever the weight changes (optimizer step, load, move)."""
+    if torch.is_grad_enabled() or weight.device.type != "cpu" or weight.shape[0] <= weight.shape[1]:
+        return F.linear(x, weight)
+    key = (weight.data_ptr(), weight._version)
+    cached = owner.__dict__.get("_wide_t")
+    if cached is None or cached[0] != key:
+        cached = (key, weight.detach().t().contiguous())
+        owner.__dict__["_wide_t"] = cached
+    return torch.matmul(x, cached[1])
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -177,7 +193,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = wide_linear(x, self.gate_proj.weight, self.gate_proj)
+        return self.down_proj(F.silu(gate) * wide_linear(x, self.up_proj.weight, self.up_proj))
 
 
 class Block(nn.Module):
@@ -219,7 +236,7 @@ class Trunk(nn.Module):
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def unembed(self, normed: torch.Tensor) -> torch.Tensor:
-        return F.linear(normed, self.unembed_weight)
+        return wide_linear(normed, self.unembed_weight, self)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.unembed(self.norm(hidden))
