@@ -41,6 +41,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     init_std: float = 0.02
+    zero_init_residual: bool = True  # blocks start as the identity (o_proj, down_proj = 0)
 
     @property
     def kv_heads(self) -> int:

@@ -306,3 +306,14 @@ def test_gqa_projections_and_equivalence_to_repeated_heads():
     out = gqa.train()(idx[:, :-1], idx[:, 1:])
     out.loss.backward()
     assert all(p.grad is not None for p in gqa.parameters())
+
+
+def test_default_init_zeroes_residual_branches_only():
+    """Recipes' default: every block (trunk, MTP modules, heads) starts as the identity; the rest is random."""
+    for mtp in (MTPConfig(objective="sequential", depth=2), MTPConfig(objective="parallel", heads=3)):
+        model = MTPModel(small_cfg(zero_init_residual=True), mtp)
+        blocks = [m for m in model.modules() if isinstance(m, Block)]
+        assert len(blocks) == model.trunk.n_layers + len(model.mtp)
+        for block in blocks:
+            assert not block.self_attn.o_proj.weight.any() and not block.mlp.down_proj.weight.any()
+            assert block.self_attn.q_proj.weight.std() > 0 and block.mlp.up_proj.weight.std() > 0

