@@ -101,10 +101,17 @@ def eval_(
     temperature: float = typer.Option(0.0, help="HumanEval sampling temperature (0 = greedy; > 0 needs it for --samples > 1)."),
     text: Optional[Path] = typer.Option(None, help="Also report held-out loss and bits per byte on this text file."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/eval.json)."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's; 1 is fastest for small models on busy cores)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
+    import torch
+
     from mtp_cli.evals.runner import results_table, run_eval
 
+    if threads is not None:
+        if threads < 1:
+            raise UserError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
     doc = run_eval(run, tasks, limit=limit, gsm8k_data=gsm8k_data, samples=samples, temperature=temperature,
                    text=text, json_path=json_path)
     ui.out.print(results_table(doc))

@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from mtp_cli.checkpoint import load_run
 from mtp_cli.errors import UserError
@@ -79,15 +81,14 @@ def test_run_eval_writes_the_documented_json(tiny_runs, tmp_path):
 
 def test_heldout_bits_per_byte_is_loss_over_bytes(tiny_runs):
     run = load_run(tiny_runs["parallel"])
-    data_tokens = run.tokenizer("def f(x):\n    return x * 2\n" * 40, add_special_tokens=False).input_ids
-    import numpy as np
-
-    out = heldout.score_tokens(run.model, run.tokenizer, np.asarray(data_tokens), limit=3)
-    n_bytes = len(run.tokenizer.decode(data_tokens[1:1 + 3 * 64]).encode())
+    ids = run.tokenizer("def f(x):\n    return x * 2\n" * 40, add_special_tokens=False).input_ids
+    out = heldout.score_tokens(run.model, run.tokenizer, np.asarray(ids), limit=3)
+    n_bytes = len(run.tokenizer.decode(ids[1:1 + 3 * 64]).encode())
     assert out["n"] == 3 * 64 and out["n_bytes"] == n_bytes
     assert out["bpb"] == pytest.approx(out["loss"] * out["n"] / math.log(2) / n_bytes)
-    full = heldout.evaluate(run.model, [(__import__("torch").tensor([data_tokens[i * 64:(i + 1) * 64] for i in range(3)]),
-                                         __import__("torch").tensor([data_tokens[i * 64 + 1:(i + 1) * 64 + 1] for i in range(3)]))])
+    x = torch.tensor([ids[i * 64:(i + 1) * 64] for i in range(3)])
+    y = torch.tensor([ids[i * 64 + 1:(i + 1) * 64 + 1] for i in range(3)])
+    full = heldout.evaluate(run.model, [(x, y)])
     assert out["loss"] == pytest.approx(full["loss"]) and out["extra"][0]["agree"] == pytest.approx(full["agree_1"])
     assert [e["name"] for e in out["extra"]] == ["head 2", "head 3"]
 

