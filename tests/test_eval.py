@@ -93,6 +93,18 @@ def test_heldout_bits_per_byte_is_loss_over_bytes(tiny_runs):
     assert [e["name"] for e in out["extra"]] == ["head 2", "head 3"]
 
 
+def test_heldout_matches_the_training_validation_on_the_same_windows(tiny_runs):
+    """`mtp eval`'s held-out numbers over training's validation windows equal what training logged."""
+    run = load_run(tiny_runs["sequential"])
+    final = json.loads((tiny_runs["sequential"] / "run.json").read_text())["final"]
+    out = heldout.report(run, limit=run.recipe.train.eval_batches * run.recipe.train.batch_size)
+    assert out["loss"] == pytest.approx(final["val_loss"], abs=1e-5)
+    assert out["top1"] == pytest.approx(final["val_top1"], abs=1e-6)
+    for e in out["extra"]:
+        assert e["loss"] == pytest.approx(final[f"val_loss_{e['k']}"], abs=1e-5)
+        assert e["agree"] == pytest.approx(final[f"val_agree_{e['k']}"], abs=1e-6)
+
+
 def test_limits_and_tasks_are_validated():
     assert runner.parse_tasks("heldout, gsm8k") == ["heldout", "gsm8k"]
     with pytest.raises(UserError, match="unknown eval task mmlu"):
