@@ -178,7 +178,7 @@ peak_flops = 1e11
 enabled = {"true" if eval_tasks else "false"}
 tasks = [{", ".join(json.dumps(t) for t in eval_tasks)}]
 limits = {{ humaneval = 1, gsm8k = 1, heldout = 2 }}
-gsm8k_data = {json.dumps(str(REPO.parent / "shared" / "data" / "gsm8k"))}
+gsm8k_data = {json.dumps(str(REPO / "tests" / "data" / "gsm8k"))}
 
 [specbench]
 enabled = {"true" if specbench else "false"}

@@ -21,7 +21,7 @@ from mtp_cli.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-GSM8K = Path("/work/shared/data/gsm8k")
+GSM8K = Path(__file__).resolve().parent / "data" / "gsm8k"  # a bundled slice of GSM8K
 
 
 # ---- sources -------------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_missing_data_path_is_a_user_error(tmp_path):
         sources.corpus(cfg)
 
 
-@pytest.mark.skipif(not GSM8K.is_dir(), reason="needs ../shared/data/gsm8k")
+@pytest.mark.skipif(not GSM8K.is_dir(), reason="needs tests/data/gsm8k")
 def test_gsm8k_source_trains_on_train_split_only():
     docs = sources.corpus(DataConfig(source="gsm8k", paths=[str(GSM8K)]))
     train_rows = [json.loads(line) for line in (GSM8K / "train.jsonl").read_text().splitlines() if line.strip()]

@@ -22,7 +22,7 @@ from mtp_cli.evals import heldout, runner
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K_DATA = REPO.parent / "shared" / "data" / "gsm8k"
+GSM8K_DATA = Path(__file__).resolve().parent / "data" / "gsm8k"  # a bundled slice of GSM8K
 
 
 def cli(*args, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
