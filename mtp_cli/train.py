@@ -138,8 +138,17 @@ def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
 
 
 def _peak_memory_mb(device: torch.device) -> float:
+    """CUDA: max allocated. CPU: this address space's peak RSS (VmHWM). Not ru_maxrss: Linux carries it
+    across exec, so a process spawned by a big parent (mtp ablate) would report the parent's peak."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
