@@ -112,11 +112,11 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
     if world > 1 and rank == 0:
         ui.console.print(f"torchrun with {world} processes: running the train stage only; "
                          f"run `mtp ablate --recipe {ab.source}` without torchrun for the rest")
-    todo = [(cell, [s for s in cell.pending if s in stages]) for cell in ab.cells]
-    view = GridView(ab, todo, disable=not show_progress or rank != 0)
+    work = [(cell, [s for s in cell.pending if s in stages]) for cell in ab.cells]
+    view = GridView(ab, work, disable=not show_progress or rank != 0)
     try:
         with view.progress:
-            for cell, cell_stages in todo:
+            for cell, cell_stages in work:
                 for stage in cell_stages:
                     view.start(cell, stage)
                     ok = _run_stage(ab, cell, stage, view)
@@ -142,23 +142,23 @@ class GridView:
     """The Rich progress view across the grid: one row for the whole ablation, one per run (stages
     done / 4), and a row for the training under way (its steps, read from its metrics.jsonl)."""
 
-    def __init__(self, ab: Ablation, todo: list[tuple[Cell, list[str]]], disable: bool):
+    def __init__(self, ab: Ablation, work: list[tuple[Cell, list[str]]], disable: bool):
         self.progress = ui.progress(disable=disable)
         self.show_nested = not disable  # eval/specbench draw their own bars inside this view
-        self.todo = {cell.name: stages for cell, stages in todo}
-        self.overall = self.progress.add_task(f"ablate {ab.recipe.name}", total=sum(map(len, self.todo.values())),
+        self.work = {cell.name: stages for cell, stages in work}
+        self.overall = self.progress.add_task(f"ablate {ab.recipe.name}", total=sum(map(len, self.work.values())),
                                               info="stages")
         n = len(results.STAGES)
-        self.completed = {cell.name: n - len(cell.pending) for cell, _ in todo}
+        self.completed = {cell.name: n - len(cell.pending) for cell, _ in work}
         self.rows = {cell.name: self.progress.add_task(f"  {cell.name}", total=n, completed=n - len(cell.pending),
-                                                       info="waiting" if stages else "done") for cell, stages in todo}
+                                                       info="waiting" if stages else "done") for cell, stages in work}
         self.train_task = None
 
     def start(self, cell: Cell, stage: str) -> None:
         self.progress.update(self.rows[cell.name], info=stage)
 
     def finish(self, cell: Cell, stage: str, ok: bool) -> None:
-        stages = self.todo[cell.name]
+        stages = self.work[cell.name]
         skipped = 0 if ok else len(stages) - stages.index(stage) - 1
         self.progress.update(self.overall, advance=1 + skipped)
         self.progress.update(self.rows[cell.name], advance=1)
