@@ -113,6 +113,22 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
                           capture_output=True, text=True, timeout=timeout)
 
 
+def cli_in_process(*args, capsys) -> tuple[int, str, str]:
+    """The real CLI entry point, in-process: (exit code, stdout, stderr)."""
+    from mtp_cli import cli
+
+    argv, sys.argv = sys.argv, ["mtp", *map(str, args)]
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def folder_snapshot(folder: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under `folder` (to prove nothing changed)."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -16,26 +16,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import REPO, ablation_toml, folder_snapshot
-from mtp_cli import ablate, cli, results
+from conftest import cli_in_process, REPO, ablation_toml, folder_snapshot
+from mtp_cli import ablate, results
 from mtp_cli.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def mtp(*args: str, capsys) -> tuple[int, str, str]:
-    """The real CLI entry point, in-process: (exit code, stdout, stderr)."""
-    argv = sys.argv
-    sys.argv = ["mtp", *map(str, args)]
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
+mtp = cli_in_process
 
 
 def test_grid_runs_every_stage_and_writes_one_summary_row_per_run(tiny_ablation):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import pytest
+
+from conftest import cli_in_process
 import torch
 
-from mtp_cli import cli
 from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode.bench import median_ci, run_specbench
@@ -24,18 +24,7 @@ SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptan
              "ideal_speedup_ci", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s")
 
 
-def mtp(*args, capsys) -> tuple[int, str, str]:
-    """The real CLI entry point, in-process: (exit code, stdout, stderr)."""
-    argv, sys.argv = sys.argv, ["mtp", *map(str, args)]
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
+mtp = cli_in_process
 
 
 def test_sequential_report(tiny_runs, tmp_path):
