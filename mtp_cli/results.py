@@ -142,11 +142,11 @@ def pending_stages(run: RunFolder, recipe: Recipe) -> list[str]:
     """Stages still to run, in order. The export is only redone when a later stage needs it (it is
     not committed with the results, so a clone with finished evals must not have to rebuild it)."""
     stages = enabled_stages(recipe)
-    todo = [s for s in stages if not DONE[s](run, recipe)]
+    pending = [s for s in stages if not DONE[s](run, recipe)]
     later = [s for s in stages if s in ("eval", "specbench")]
-    if "export" in todo and later and not set(later) & set(todo):
-        todo.remove("export")
-    return todo
+    if "export" in pending and later and not set(later) & set(pending):
+        pending.remove("export")
+    return pending
 
 
 # ---- summary.csv: one schema ---------------------------------------------------------------------

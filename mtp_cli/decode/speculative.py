@@ -34,6 +34,7 @@ position i only when positions 1..i were all accepted.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -117,7 +118,7 @@ def _pick(logits: Tensor, temperature: float, top_p: float, generator) -> tuple[
     return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
 
 
-class Drafter:
+class Drafter(ABC):
     """Proposes `k` tokens per row each step and is told which trunk positions were committed."""
 
     k: int
@@ -126,10 +127,10 @@ class Drafter:
         """The trunk ran positions start[b].. (hidden (B, W, d), before its final norm); the first
         n_new[b] of them are committed."""
 
+    @abstractmethod
     def propose(self, seq: Tensor, lengths: Tensor, temperature: float, top_p: float,
                 generator: torch.Generator | None) -> tuple[Tensor, Tensor | None]:
         """Drafts (B, k) for positions lengths+1.. and their distributions (B, k, V), None when greedy."""
-        raise NotImplementedError
 
     def select(self, rows: Tensor) -> None:
         """Keep only these batch rows."""

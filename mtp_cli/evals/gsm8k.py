@@ -38,7 +38,7 @@ def check_data(data_dir: str | Path) -> Path:
 
 
 def render_task(data_dir: Path, into: Path) -> Path:
-    """Write the local task YAML with its placeholders filled in; returns its folder."""
+    """Write the local task YAML with its __UPPERCASE__ fields filled in; returns its folder."""
     text = LOCAL_YAML.read_text()
     for key, value in {"__LM_EVAL_GSM8K_YAML__": STOCK_YAML, "__GSM8K_TRAIN__": data_dir / "train.jsonl",
                        "__GSM8K_TEST__": data_dir / "test.jsonl"}.items():
