@@ -33,6 +33,7 @@ from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout
 from mtp_cli.model import MTPModel, parallel_backward
+from mtp_cli.model.trunk import compile_blocks
 from mtp_cli.schedule import lr_at
 
 # Keys of train.* that may change between an interrupted run and its resumption.
@@ -215,8 +216,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     fpt = flops_per_token(model, recipe.model.context)
     mem_efficient = recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient
     forward_model: nn.Module = model
-    if t.compile and not mem_efficient:
-        forward_model = torch.compile(model)
+    if t.compile:
+        compile_blocks(model)
     if ddp.world > 1:
         forward_model = DDP(forward_model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
 

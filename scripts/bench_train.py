@@ -1,5 +1,7 @@
 """Training throughput and memory, side by side in one run: our NTP trunk, sequential D=1,
-parallel n=4 (memory-efficient), and Hugging Face `LlamaForCausalLM` on the identical config.
+parallel n=4 (memory-efficient), and Hugging Face `LlamaForCausalLM` on the identical config, each
+in eager mode; plus our NTP trunk and the HF model under `torch.compile` (steady state, compile
+time excluded; ours compiles its blocks as `train.compile = true` does, HF the whole model).
 
 Each configuration runs in its own subprocess (so peak RSS is its own), the configurations are
 interleaved over several rounds (so machine noise hits all alike), and medians are reported.
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ["ntp", "sequential", "parallel", "hf-llama"]
+CONFIGS = ["ntp", "sequential", "parallel", "hf-llama", "ntp-compiled", "hf-llama-compiled"]
 
 
 def _rss_mb() -> float:
@@ -33,11 +35,14 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
 
     from mtp_cli.config import MTPConfig, load_recipe
     from mtp_cli.model import MTPModel, parallel_backward
+    from mtp_cli.model.trunk import compile_blocks
     from mtp_cli.train import flops_per_token
 
     torch.manual_seed(0)
     recipe = load_recipe(recipe_name)
     cfg, t = recipe.model, recipe.train
+    compiled = name.endswith("-compiled")
+    name = name.removesuffix("-compiled")
     mtp_cfg = {"ntp": MTPConfig("ntp"), "sequential": MTPConfig("sequential", depth=1, lambda_=0.3),
                "parallel": MTPConfig("parallel", heads=4), "hf-llama": MTPConfig("ntp")}[name]
     ours = MTPModel(cfg, mtp_cfg)
@@ -51,13 +56,16 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
                              rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
                              attn_implementation="sdpa")
         model = LlamaForCausalLM(hf_cfg)
+        forward = torch.compile(model) if compiled else model
 
         def step(x, y):
-            logits = model(input_ids=x).logits
+            logits = forward(input_ids=x).logits
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             loss.backward()
     else:
         model = ours
+        if compiled:
+            compile_blocks(model)
 
         def step(x, y):
             if name == "parallel":
@@ -70,7 +78,8 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
     batches = [torch.randint(0, cfg.vocab_size, (t.batch_size, cfg.context + 1), generator=g) for _ in range(2)]
     rss_before = _rss_mb()
     times = []
-    for i in range(steps + 2):
+    warmup = 3 if compiled else 2
+    for i in range(steps + warmup):
         chunk = batches[i % 2]
         t0 = time.perf_counter()
         step(chunk[:, :-1], chunk[:, 1:])
@@ -78,8 +87,9 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    med = statistics.median(times[2:])
-    return {"config": name, "params": params, "step_time_s": med, "tokens_per_s": t.batch_size * cfg.context / med,
+    med = statistics.median(times[warmup:])
+    return {"config": name + ("-compiled" if compiled else ""), "params": params, "step_time_s": med,
+            "tokens_per_s": t.batch_size * cfg.context / med,
             "flops_per_token": fpt, "peak_rss_mb": peak, "train_mem_mb": peak - rss_before,
             "threads": torch.get_num_threads()}
 
@@ -122,13 +132,16 @@ def main() -> None:
                      "train_mem_vs_ntp": med(name, "train_mem_mb") / base_mem})
     result = {"recipe": args.recipe, "cpu": cpu_model(), "threads": runs["ntp"][0]["threads"],
               "matmul_peak_gflops": peak / 1e9, "rounds": args.rounds, "steps": args.steps, "rows": rows,
-              "ntp_vs_hf_tokens_per_s": med("ntp", "tokens_per_s") / med("hf-llama", "tokens_per_s")}
+              "ntp_vs_hf_tokens_per_s": med("ntp", "tokens_per_s") / med("hf-llama", "tokens_per_s"),
+              "ntp_compiled_vs_hf_compiled_tokens_per_s":
+                  med("ntp-compiled", "tokens_per_s") / med("hf-llama-compiled", "tokens_per_s")}
     print("| config | params | tokens/s | step time vs NTP | FLOPs vs NTP | MFU | train mem (MB) | mem vs NTP |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['params']:,} | {r['tokens_per_s']:,.0f} | {r['step_time_vs_ntp']:.2f}× | "
               f"{r['flops_vs_ntp']:.2f}× | {r['mfu']:.0%} | {r['train_mem_mb']:.0f} | {r['train_mem_vs_ntp']:.2f}× |")
-    print(f"\nour NTP trunk vs HF LlamaForCausalLM tokens/s: {result['ntp_vs_hf_tokens_per_s']:.2f}×; "
+    print(f"\nour NTP trunk vs HF LlamaForCausalLM tokens/s: {result['ntp_vs_hf_tokens_per_s']:.2f}× eager, "
+          f"{result['ntp_compiled_vs_hf_compiled_tokens_per_s']:.2f}× both compiled; "
           f"fp32 matmul peak {peak / 1e9:.0f} GFLOP/s; {result['cpu']}, {result['threads']} threads")
     if args.json:
         with open(args.json, "w") as fh:

@@ -158,6 +158,40 @@ def test_ntp_loss_is_the_main_loss():
     assert torch.equal(out.loss, out.loss_main)
 
 
+# ---- the fused unembedding + cross-entropy used in training -----------------------------------------
+
+@pytest.mark.parametrize("n_rows", [1, 7, 130])  # one row, fewer rows than a chunk, a ragged last chunk
+def test_linear_cross_entropy_equals_logits_then_cross_entropy(monkeypatch, n_rows):
+    """Value and both gradients equal F.cross_entropy(F.linear(h, W)), with chunks forced small
+    (64 rows) so that several chunks and a partial last one are exercised; a non-unit upstream
+    gradient checks the backward's scaling."""
+    monkeypatch.setattr(L, "_CHUNK_ELEMENTS", 64 * 50)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, n_rows, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 50, (2, n_rows), generator=g)
+    fused = L.linear_cross_entropy(h, w, y)
+    (3.0 * fused).backward()
+    fused_grads = h.grad.clone(), w.grad.clone()
+    h.grad, w.grad = None, None
+    plain = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w).reshape(-1, 50), y.reshape(-1))
+    (3.0 * plain).backward()
+    assert float(fused) == pytest.approx(float(plain), rel=1e-12)
+    assert torch.allclose(fused_grads[0], h.grad, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(fused_grads[1], w.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_linear_offset_loss_drops_the_last_k_positions():
+    g = torch.Generator().manual_seed(1)
+    h, w = torch.randn(2, 6, 4, generator=g), torch.randn(V, 4, generator=g)
+    y = torch.randint(0, V, (2, 6), generator=g)
+    for k in range(3):
+        expected = L.offset_loss(torch.nn.functional.linear(h, w), y, k)
+        assert float(L.linear_offset_loss(h, w, y, k)) == pytest.approx(float(expected), rel=1e-6)
+        assert float(L.linear_offset_loss(h.requires_grad_(), w, y, k)) == pytest.approx(float(expected), rel=1e-6)
+        h = h.detach()
+
+
 # ---- λ defaults and schedule ------------------------------------------------------------------------
 
 def test_default_lambda_per_objective():

@@ -379,3 +379,18 @@ def test_resume_after_a_real_signal(tmp_path, sig):
     run(recipe, tmp_path / "straight")
     assert max_state_diff(checkpoint_weights(tmp_path / "straight"), checkpoint_weights(tmp_path / "run")) == 0.0
     assert [r["step"] for r in metrics(tmp_path / "run")[0]] == list(range(1, 41))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective,kw", [("sequential", {"depth": 1}), ("parallel", {"heads": 2})])
+def test_compiled_blocks_train_like_eager(tmp_path, objective, kw):
+    """`compile = true` (every Block under torch.compile, the memory-efficient parallel path
+    included) follows the eager loss curve and keeps the checkpoint's parameter names."""
+    eager, compiled = micro_recipe(objective, steps=3, **kw), micro_recipe(objective, steps=3, **kw)
+    compiled.train.compile = True
+    run(eager, tmp_path / "eager")
+    run(compiled, tmp_path / "compiled")
+    for a, b in zip(loss_curve(tmp_path / "eager"), loss_curve(tmp_path / "compiled"), strict=True):
+        assert a[0] == b[0] and a[1:4] == pytest.approx(b[1:4], rel=1e-4)
+    assert checkpoint_weights(tmp_path / "eager").keys() == checkpoint_weights(tmp_path / "compiled").keys()
+    assert max_state_diff(checkpoint_weights(tmp_path / "eager"), checkpoint_weights(tmp_path / "compiled")) < 1e-4

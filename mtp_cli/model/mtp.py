@@ -103,8 +103,10 @@ class MTPModel(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor, lam: float | None = None) -> Output:
         hidden, extras = self._hidden_states(idx)
-        loss_main = L.cross_entropy(self.trunk.head(hidden), targets)
-        loss_extra = [L.offset_loss(self.extra_logits(k, h), targets, k) for k, h in enumerate(extras, 1)]
+        weight = self.trunk.unembed_weight
+        loss_main = L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets)
+        loss_extra = [L.linear_offset_loss(self.extra_normed(k, h), weight, targets, k)
+                      for k, h in enumerate(extras, 1)]
         lam = self.mtp_cfg.weight if lam is None else lam
         return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
 
@@ -129,11 +131,15 @@ class MTPModel(nn.Module):
             extras.append(h)
         return hidden, extras
 
+    def extra_normed(self, k: int, h: torch.Tensor) -> torch.Tensor:
+        """Extra prediction k's (1-based) hidden state after its final norm: the unembedding's input."""
+        if self.objective == "parallel":
+            return self.trunk.norm(h)
+        return self.mtp[k - 1].shared_head.norm(h)
+
     def extra_logits(self, k: int, h: torch.Tensor) -> torch.Tensor:
         """Logits of extra prediction k (1-based) from its hidden state."""
-        if self.objective == "parallel":
-            return self.trunk.head(h)
-        return self.trunk.unembed(self.mtp[k - 1].shared_head.norm(h))
+        return self.trunk.unembed(self.extra_normed(k, h))
 
 
 def parallel_backward(model: MTPModel, idx: torch.Tensor, targets: torch.Tensor, lam: float,
@@ -152,7 +158,7 @@ def parallel_backward(model: MTPModel, idx: torch.Tensor, targets: torch.Tensor,
     losses = []
     for k, head in enumerate(heads):
         h = head(shared_leaf, cos, sin)
-        loss_k = L.offset_loss(trunk.head(h), targets, k)
+        loss_k = L.linear_offset_loss(trunk.norm(h), trunk.unembed_weight, targets, k)
         ((1.0 if k == 0 else weight) * scale * loss_k).backward()
         losses.append(loss_k.detach())
     shared.backward(shared_leaf.grad)

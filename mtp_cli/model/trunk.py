@@ -277,6 +277,16 @@ class Trunk(nn.Module):
                        self.cfg.head_dim, p.device, p.dtype)
 
 
+def compile_blocks(module: nn.Module) -> int:
+    """`torch.compile` every `Block` in place (regional compilation: one block's code is compiled and
+    reused by all, parameter names unchanged). The rest — embedding, rotary tables, the chunked
+    loss — stays eager. Returns the number of blocks compiled."""
+    blocks = [m for m in module.modules() if isinstance(m, Block)]
+    for block in blocks:
+        block.compile()
+    return len(blocks)
+
+
 def init_weights(module: nn.Module, std: float, zero_residual: bool = False) -> None:
     """GPT-style init: normal(0, std) for linears/embeddings, ones for norms. With `zero_residual`,
     each block's residual-branch outputs (o_proj, down_proj) start at zero, so every block starts as
