@@ -197,7 +197,7 @@ COLUMNS: list[Column] = [
     Column("step_time_s", "median training step time (s)", lambda r: _get(r.run, "throughput", "step_time_s_median")),
     Column("tokens_per_s", "median training tokens/s", lambda r: _get(r.run, "throughput", "tokens_per_s_median")),
     Column("mfu", "median model FLOPs utilisation against the measured matmul peak", lambda r: _get(r.run, "throughput", "mfu_median")),
-    Column("peak_memory_mb", "peak training memory (CPU: process max RSS; CUDA: max allocated)", lambda r: _get(r.run, "throughput", "peak_memory_mb")),
+    Column("peak_memory_mb", "peak memory during training (CPU: process peak RSS; CUDA: max allocated)", lambda r: _get(r.run, "throughput", "peak_memory_mb")),
     Column("val_loss", "trunk validation cross-entropy at the end of training (nats/token)", lambda r: _get(r.run, "final", "val_loss")),
     Column("val_top1", "trunk validation top-1 accuracy at the end of training", lambda r: _get(r.run, "final", "val_top1")),
     Column("heldout_loss", "held-out cross-entropy of the exported trunk (nats/token)", lambda r: r.eval_result("heldout").get("loss")),

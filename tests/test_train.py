@@ -394,3 +394,14 @@ def test_compiled_blocks_train_like_eager(tmp_path, objective, kw):
         assert a[0] == b[0] and a[1:4] == pytest.approx(b[1:4], rel=1e-4)
     assert checkpoint_weights(tmp_path / "eager").keys() == checkpoint_weights(tmp_path / "compiled").keys()
     assert max_state_diff(checkpoint_weights(tmp_path / "eager"), checkpoint_weights(tmp_path / "compiled")) < 1e-4
+
+
+def test_peak_memory_counts_training_not_data_preparation():
+    """A large buffer freed before training (like the BPE and shard build) is not in the peak."""
+    cpu = torch.device("cpu")
+    big = torch.ones(300 * 2**20 // 4)  # 300 MB, touched
+    del big
+    before = trainer._peak_memory_mb(cpu)
+    kind = trainer._reset_peak_memory(cpu)
+    assert kind == "process peak RSS during training"
+    assert trainer._peak_memory_mb(cpu) < before - 250
