@@ -181,6 +181,15 @@ def test_linear_cross_entropy_equals_logits_then_cross_entropy(monkeypatch, n_ro
     assert torch.allclose(fused_grads[1], w.grad, rtol=1e-10, atol=1e-12)
 
 
+def test_linear_cross_entropy_skips_ignored_targets_like_f_cross_entropy():
+    g = torch.Generator().manual_seed(2)
+    h, w = torch.randn(10, 4, generator=g, requires_grad=True), torch.randn(V, 4, generator=g)
+    y = torch.randint(0, V, (10,), generator=g)
+    y[3] = -100
+    expected = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w), y)
+    assert float(L.linear_cross_entropy(h, w, y)) == pytest.approx(float(expected), rel=1e-6)
+
+
 def test_linear_offset_loss_drops_the_last_k_positions():
     g = torch.Generator().manual_seed(1)
     h, w = torch.randn(2, 6, 4, generator=g), torch.randn(V, 4, generator=g)

@@ -73,10 +73,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy(normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """`cross_entropy(normed @ weight.T, targets)` without storing the logits. normed (..., d),
-    targets (...) of valid token ids (no ignore index). Without autograd, or under autocast (CUDA bf16,
-    where the plain path's kernels are fused already), it is the plain path."""
+    targets (...). Without autograd, under autocast (CUDA bf16, where the plain path's kernels are fused
+    already) or with ignored targets (-100), it is the plain path."""
     needs_grad = torch.is_grad_enabled() and (normed.requires_grad or weight.requires_grad)
-    if not needs_grad or torch.is_autocast_enabled(normed.device.type):
+    if not needs_grad or torch.is_autocast_enabled(normed.device.type) or bool((targets < 0).any()):
         return cross_entropy(F.linear(normed, weight), targets)
     return _LinearCrossEntropy.apply(normed.reshape(-1, normed.shape[-1]), weight, targets.reshape(-1))
 
