@@ -1,10 +1,11 @@
-"""Facts about where code runs: device choice, hardware description, git commit, matmul peak."""
+"""Facts about where code runs: device choice, hardware description, git commit, matmul peak, peak memory."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -84,3 +85,34 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, cache_dir: Path) -> fl
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(table, indent=1))
     return table[key]
+
+
+def reset_peak_memory(device: torch.device) -> str:
+    """Start the peak-memory count now, so that it measures training and not the data preparation
+    before it (building the BPE and the token shards takes more memory than training the quick model).
+    CPU: writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS (Linux ≥ 4.0). Returns what
+    the peak will mean."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return "cuda max allocated during training"
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return "process peak RSS during training"
+    except OSError:
+        return "process peak RSS (data preparation included)"
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: max allocated. CPU: this address space's peak RSS (VmHWM). Not ru_maxrss: Linux carries it
+    across exec, so a process spawned by a big parent (mtp ablate) would report the parent's peak."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -12,7 +12,6 @@ import contextlib
 import json
 import math
 import os
-import resource
 import shutil
 import statistics
 import time
@@ -138,37 +137,6 @@ def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8)
 
 
-def _reset_peak_memory(device: torch.device) -> str:
-    """Start the peak-memory count now, so that it measures training and not the data preparation
-    before it (building the BPE and the token shards takes more memory than training the quick model).
-    CPU: writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS (Linux ≥ 4.0). Returns what
-    the peak will mean."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return "cuda max allocated during training"
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return "process peak RSS during training"
-    except OSError:
-        return "process peak RSS (data preparation included)"
-
-
-def _peak_memory_mb(device: torch.device) -> float:
-    """CUDA: max allocated. CPU: this address space's peak RSS (VmHWM). Not ru_maxrss: Linux carries it
-    across exec, so a process spawned by a big parent (mtp ablate) would report the parent's peak."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: torch.device, step: int) -> dict:
     batches = shards.val_batches(data.val, recipe.train.eval_batches, recipe.train.batch_size, recipe.model.context)
     scores = heldout.evaluate(model, batches, device)
@@ -260,7 +228,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     last_val: dict = {}
     step = start_step
     model.train()
-    peak_memory_kind = _reset_peak_memory(device)
+    peak_memory_kind = env.reset_peak_memory(device)
     bar = ui.progress(disable=not (show_progress and ddp.main))
     try:
         with bar:
@@ -325,7 +293,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
             "step_time_s_median": statistics.median(timed) if timed else None,
             "tokens_per_s_median": tokens_per_step / statistics.median(timed) if timed else None,
             "mfu_median": fpt * tokens_per_step / statistics.median(timed) / (peak * ddp.world) if timed else None,
-            "peak_memory_mb": _peak_memory_mb(device),
+            "peak_memory_mb": env.peak_memory_mb(device),
             "peak_memory_kind": peak_memory_kind,
         },
     })

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import math
 import statistics
 import subprocess
 import sys
@@ -36,6 +36,7 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
     from mtp_cli.config import MTPConfig, load_recipe
     from mtp_cli.model import MTPModel, parallel_backward
     from mtp_cli.model.trunk import compile_blocks
+    from mtp_cli.env import peak_memory_mb
     from mtp_cli.train import flops_per_token
 
     torch.manual_seed(0)
@@ -76,22 +77,33 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
     params = sum(p.numel() for p in model.parameters())
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, cfg.vocab_size, (t.batch_size, cfg.context + 1), generator=g) for _ in range(2)]
-    rss_before = _rss_mb()
-    times = []
     warmup = 3 if compiled else 2
-    for i in range(steps + warmup):
-        chunk = batches[i % 2]
+
+    def timed_step(chunk: torch.Tensor) -> float:
         t0 = time.perf_counter()
         step(chunk[:, :-1], chunk[:, 1:])
         opt.step()
         opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return time.perf_counter() - t0
+
+    rss_before = _rss_mb()
+    times = [timed_step(batches[i % 2]) for i in range(warmup + steps)]
+    # Training memory: peak RSS above the size after building the model. Compiled rows would count the
+    # compiler's own memory too, so they report none.
+    train_mem = float("nan") if compiled else peak_memory_mb(torch.device("cpu")) - rss_before
     med = statistics.median(times[warmup:])
     return {"config": name + ("-compiled" if compiled else ""), "params": params, "step_time_s": med,
             "tokens_per_s": t.batch_size * cfg.context / med,
-            "flops_per_token": fpt, "peak_rss_mb": peak, "train_mem_mb": peak - rss_before,
+            "flops_per_token": fpt, "train_mem_mb": train_mem,
             "threads": torch.get_num_threads()}
+
+
+def _mb(x: float) -> str:
+    return "–" if math.isnan(x) else f"{x:.0f}"
+
+
+def _ratio(x: float) -> str:
+    return "–" if math.isnan(x) else f"{x:.2f}×"
 
 
 def main() -> None:
@@ -128,7 +140,7 @@ def main() -> None:
         rows.append({"config": name, "params": runs[name][0]["params"], "tokens_per_s": med(name, "tokens_per_s"),
                      "step_time_s": st, "step_time_vs_ntp": st / base_t,
                      "flops_vs_ntp": f / base_f, "mfu": f * med(name, "tokens_per_s") / peak,
-                     "peak_rss_mb": med(name, "peak_rss_mb"), "train_mem_mb": med(name, "train_mem_mb"),
+                     "train_mem_mb": med(name, "train_mem_mb"),
                      "train_mem_vs_ntp": med(name, "train_mem_mb") / base_mem})
     result = {"recipe": args.recipe, "cpu": cpu_model(), "threads": runs["ntp"][0]["threads"],
               "matmul_peak_gflops": peak / 1e9, "rounds": args.rounds, "steps": args.steps, "rows": rows,
@@ -139,7 +151,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['params']:,} | {r['tokens_per_s']:,.0f} | {r['step_time_vs_ntp']:.2f}× | "
-              f"{r['flops_vs_ntp']:.2f}× | {r['mfu']:.0%} | {r['train_mem_mb']:.0f} | {r['train_mem_vs_ntp']:.2f}× |")
+              f"{r['flops_vs_ntp']:.2f}× | {r['mfu']:.0%} | {_mb(r['train_mem_mb'])} | {_ratio(r['train_mem_vs_ntp'])} |")
     print(f"\nour NTP trunk vs HF LlamaForCausalLM tokens/s: {result['ntp_vs_hf_tokens_per_s']:.2f}× eager, "
           f"{result['ntp_compiled_vs_hf_compiled_tokens_per_s']:.2f}× both compiled; "
           f"fp32 matmul peak {peak / 1e9:.0f} GFLOP/s; {result['cpu']}, {result['threads']} threads")

@@ -181,13 +181,92 @@ def test_linear_cross_entropy_equals_logits_then_cross_entropy(monkeypatch, n_ro
     assert torch.allclose(fused_grads[1], w.grad, rtol=1e-10, atol=1e-12)
 
 
+def _loss_and_grads(fn, h, w, y):
+    h, w = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    loss = fn(h, w, y)
+    loss.backward()
+    return float(loss), h.grad, w.grad
+
+
+def _plain(h, w, y):
+    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w).float(), y)
+
+
 def test_linear_cross_entropy_skips_ignored_targets_like_f_cross_entropy():
     g = torch.Generator().manual_seed(2)
-    h, w = torch.randn(10, 4, generator=g, requires_grad=True), torch.randn(V, 4, generator=g)
+    h, w = torch.randn(10, 4, generator=g), torch.randn(V, 4, generator=g)
     y = torch.randint(0, V, (10,), generator=g)
     y[3] = -100
-    expected = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w), y)
-    assert float(L.linear_cross_entropy(h, w, y)) == pytest.approx(float(expected), rel=1e-6)
+    fused, plain = _loss_and_grads(L.linear_cross_entropy, h, w, y), _loss_and_grads(_plain, h, w, y)
+    assert fused[0] == pytest.approx(plain[0], rel=1e-6)
+    assert torch.allclose(fused[1], plain[1]) and torch.allclose(fused[2], plain[2])
+
+
+def test_linear_cross_entropy_stays_finite_far_from_the_target():
+    """A target 150 nats below the top logit has softmax probability 0 in fp32; the loss must still be
+    the exact log-sum-exp difference, as F.cross_entropy gives, not inf."""
+    h = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    w = torch.tensor([[150.0, 0.0], [0.0, 0.0], [0.0, 3.0]])
+    y = torch.tensor([1, 0])
+    fused, plain = _loss_and_grads(L.linear_cross_entropy, h, w, y), _loss_and_grads(_plain, h, w, y)
+    assert fused[0] == pytest.approx(plain[0], rel=1e-6) and math.isfinite(fused[0])
+    assert torch.allclose(fused[1], plain[1]) and torch.allclose(fused[2], plain[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_cross_entropy_half_precision_weight_gradient_does_not_overflow(dtype):
+    """The weight gradient is a mean over rows: 20k rows summed before dividing would overflow fp16.
+    Compared with the float64 gradient of the same (rounded) inputs."""
+    g = torch.Generator().manual_seed(3)
+    h = torch.full((20000, 8), 4.0, dtype=dtype)
+    w = (torch.randn(64, 8, generator=g) * 0.1).to(dtype)
+    y = torch.zeros(20000, dtype=torch.long)
+    fused = _loss_and_grads(L.linear_cross_entropy, h, w, y)
+    exact = _loss_and_grads(L.linear_cross_entropy, h.double(), w.double(), y)
+    assert torch.isfinite(fused[2]).all()
+    assert torch.allclose(fused[2].double(), exact[2], rtol=1e-2, atol=1e-3)
+
+
+def test_linear_cross_entropy_refuses_a_weight_changed_before_backward():
+    g = torch.Generator().manual_seed(4)
+    h, w = torch.randn(6, 4, generator=g, requires_grad=True), torch.randn(V, 4, generator=g, requires_grad=True)
+    loss = L.linear_cross_entropy(h, w, torch.randint(0, V, (6,), generator=g))
+    with torch.no_grad():
+        w.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("objective,kw,memory_efficient", [
+    ("ntp", {}, False), ("sequential", {"depth": 2}, False), ("parallel", {"heads": 3}, False),
+    ("parallel", {"heads": 3}, True)])
+def test_model_gradients_with_the_fused_loss_equal_the_plain_path(monkeypatch, tie, objective, kw, memory_efficient):
+    """Every parameter's gradient, through MTPModel.forward or Meta's one-head-at-a-time backward, with
+    tied or untied embeddings and two accumulated micro-batches, equals the logits → F.cross_entropy path."""
+    from mtp_cli.model import parallel_backward
+
+    torch.manual_seed(0)
+    cfg = tiny_model_config(vocab_size=97, n_layers=3, d_model=32, n_heads=2, ffn_hidden=64, context=16,
+                            tie_embeddings=tie, zero_init_residual=False)
+    model = MTPModel(cfg, MTPConfig(objective, **kw)).double()
+    x, y = torch.randint(0, 97, (4, 16)), torch.randint(0, 97, (4, 16))
+
+    def grads() -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        for xm, ym in zip(x.chunk(2), y.chunk(2)):
+            if memory_efficient:
+                parallel_backward(model, xm, ym, 0.5, scale=0.5)
+            else:
+                (model(xm, ym, 0.5).loss * 0.5).backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    fused = grads()
+    monkeypatch.setattr(L, "linear_cross_entropy", lambda h, w, t: L.cross_entropy(torch.nn.functional.linear(h, w), t))
+    plain = grads()
+    assert fused.keys() == plain.keys()
+    for name in fused:  # the plain path's cross-entropy runs in fp32: agreement to fp32 precision
+        assert torch.allclose(fused[name], plain[name], rtol=1e-5, atol=1e-7 * float(plain[name].abs().max())), name
 
 
 def test_linear_offset_loss_drops_the_last_k_positions():

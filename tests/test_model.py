@@ -317,3 +317,14 @@ def test_default_init_zeroes_residual_branches_only():
         for block in blocks:
             assert not block.self_attn.o_proj.weight.any() and not block.mlp.down_proj.weight.any()
             assert block.self_attn.q_proj.weight.std() > 0 and block.mlp.up_proj.weight.std() > 0
+
+
+@pytest.mark.parametrize("objective,kw,blocks", [("ntp", {}, 3), ("sequential", {"depth": 2}, 5), ("parallel", {"heads": 3}, 3)])
+def test_compile_blocks_compiles_every_block_in_place(objective, kw, blocks):
+    """Trunk layers, sequential modules' blocks and parallel heads are all compiled; parameter names
+    (the checkpoint's keys) do not change. (`Module.compile` is lazy: nothing is compiled here.)"""
+    model = MTPModel(tiny_model_config(), MTPConfig(objective, **kw))
+    names = list(model.state_dict())
+    assert trunk_mod.compile_blocks(model) == blocks
+    assert all(m._compiled_call_impl is not None for m in model.modules() if isinstance(m, Block))
+    assert list(model.state_dict()) == names

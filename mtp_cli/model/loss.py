@@ -41,34 +41,47 @@ _CHUNK_ELEMENTS = 1 << 21  # logits per chunk: 8 MB of fp32, about what stays in
 class _LinearCrossEntropy(torch.autograd.Function):
     """mean_i CE(h_i · Wᵀ, y_i) with its gradient formed chunk by chunk in the forward pass:
     dL/dlogits = (softmax − onehot) / N, then dL/dh = G·W and dL/dW = Gᵀ·h. The backward only scales
-    the stored gradients by the incoming one."""
+    the stored gradients by the incoming one (so it is not twice differentiable)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         n, vocab = hidden.shape[0], weight.shape[0]
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         chunk = max(64, _CHUNK_ELEMENTS // vocab)
         acc = torch.promote_types(hidden.dtype, torch.float32)  # softmax and sums in fp32 at least
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_weight else None
         total = torch.zeros((), dtype=acc, device=hidden.device)
         for start in range(0, n, chunk):
             h, y = hidden[start:start + chunk], targets[start:start + chunk]
-            probs = torch.softmax((h @ weight.t()).to(acc), dim=-1)
+            logits = (h @ weight.t()).to(acc)
+            probs = torch.softmax(logits, dim=-1)
             rows = torch.arange(h.shape[0], device=h.device)
             p_target = probs[rows, y]
-            total += -torch.log(p_target).sum()
+            nll = -torch.log(p_target)
+            far = p_target < 1e-30  # log of an underflowing probability: take the exact log-sum-exp instead
+            if bool(far.any()):
+                nll[far] = torch.logsumexp(logits[far], dim=-1) - logits[rows[far], y[far]]
+            total += nll.sum()
             probs[rows, y] = p_target - 1.0
-            torch.mm(probs.to(h.dtype), weight, out=grad_hidden[start:start + chunk])
-            grad_weight.addmm_(probs.t(), h.to(acc))
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
-        ctx.n = n
+            if need_hidden:
+                torch.mm(probs.to(h.dtype), weight, out=grad_hidden[start:start + chunk])
+            if need_weight:
+                grad_weight.addmm_(probs.t(), h.to(acc))
+        ctx.save_for_backward(grad_hidden.div_(n) if need_hidden else None,
+                              grad_weight.div_(n).to(weight.dtype) if need_weight else None)
+        ctx.inputs, ctx.versions = (hidden, weight), (hidden._version, weight._version)
         return total / n
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
-        scale = grad_output / ctx.n
-        return (grad_hidden * scale.to(grad_hidden.dtype), grad_weight * scale.to(grad_weight.dtype), None)
+        if tuple(t._version for t in ctx.inputs) != ctx.versions:  # what autograd checks for saved inputs
+            raise RuntimeError("linear_cross_entropy: its hidden states or weight were modified in place "
+                               "between forward and backward; the stored gradient no longer matches them")
+        return (None if grad_hidden is None else grad_hidden * grad_output.to(grad_hidden.dtype),
+                None if grad_weight is None else grad_weight * grad_output.to(grad_weight.dtype), None)
 
 
 def linear_cross_entropy(normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
