@@ -76,6 +76,17 @@ class LoadedRun:
     step: int
 
 
+def recipe_of_run(run_dir: Path) -> Recipe:
+    """The recipe a run folder was trained with (its run.json), for `mtp train --resume` without --recipe."""
+    path = run_dir / RUN_JSON
+    if not path.is_file():
+        raise UserError(f"--resume: {run_dir} holds no run to continue (no {RUN_JSON})")
+    stored = read_json(path).get("recipe")
+    if not isinstance(stored, dict):
+        raise UserError(f"{path} has no recipe; pass --recipe to resume it")
+    return recipe_from_dict(stored)
+
+
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     """Model (eval mode), tokenizer and recipe of a trained run folder."""
     run_dir = Path(run_dir)

@@ -22,7 +22,8 @@ def _root() -> None:
 
 @app.command()
 def train(
-    recipe: str = typer.Option("quick", help="Recipe name (recipes/*.toml) or path to a TOML file."),
+    recipe: Optional[str] = typer.Option(None, help="Recipe name (recipes/*.toml) or path to a TOML file "
+                                         "[default: quick; with --resume: the run's own]."),
     objective: Optional[str] = typer.Option(None, help="ntp | sequential | parallel (default: sequential if --depth/--lambda given)."),
     depth: Optional[int] = typer.Option(None, help="Sequential MTP depth D (DeepSeek-V3 modules)."),
     heads: Optional[int] = typer.Option(None, help="Parallel heads n, including the next-token head (Meta)."),
@@ -38,18 +39,19 @@ def train(
     device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
     out: Optional[Path] = typer.Option(None, help="Run folder (default: runs/<recipe>-<objective>-...-s<seed>)."),
-    resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
+    resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint, with its own recipe."),
     force: bool = typer.Option(False, help="Overwrite the run in --out."),
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
+    from mtp_cli import checkpoint as ckpt
     from mtp_cli import train as trainer
-    from mtp_cli.config import load_recipe
+    from mtp_cli.config import load_recipe, objective_from_flags
 
-    r = load_recipe(recipe)
-    if objective is None and (depth is not None or lam is not None) and heads is None and r.mtp.objective == "ntp":
-        objective = "sequential"
-    if objective is None and heads is not None and r.mtp.objective == "ntp":
-        objective = "parallel"
+    if resume and out is not None and recipe is None:
+        r = ckpt.recipe_of_run(out)
+    else:
+        r = load_recipe(recipe or "quick")
+    objective = objective_from_flags(r.mtp.objective, objective, depth, heads, lam)
     r.override("mtp", objective=objective, depth=depth, heads=heads, lambda_=lam, lambda_final=lambda_final,
                lambda_switch=lambda_switch, mtp_input=mtp_input)
     r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device, compile=compile)
@@ -57,6 +59,8 @@ def train(
         r.override("data", source="files", paths=list(data))
     r.validate()
     out = out or Path("runs") / trainer.default_run_name(r)
+    if resume and not (out / ckpt.RUN_JSON).is_file():
+        raise UserError(f"--resume: {out} holds no run to continue")
     summary = trainer.train(r, out, resume=resume, force=force)
     if summary.get("final"):
         ui.out.print(_train_table(summary))

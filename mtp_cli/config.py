@@ -8,6 +8,7 @@ every entry point (train, ablate, tests) rejects the same bad input the same way
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 import types
@@ -102,12 +103,33 @@ class MTPConfig:
             raise UserError(f"--heads must be >= 2 for the parallel objective, got {self.heads}")
         for name in ("lambda_", "lambda_final"):
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise UserError(f"{name.rstrip('_')} must be >= 0, got {value}")
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise UserError(f"{name.rstrip('_')} must be a finite number >= 0, got {value}")
         if not 0.0 <= self.lambda_switch <= 1.0:
             raise UserError(f"mtp.lambda_switch must be in [0, 1], got {self.lambda_switch}")
         if self.mtp_input not in MTP_INPUTS:
             raise UserError(f"unknown mtp_input {self.mtp_input!r}; choose one of {', '.join(MTP_INPUTS)}")
+
+
+def objective_from_flags(recipe_objective: str, objective: str | None, depth: int | None, heads: int | None,
+                         lam: float | None) -> str:
+    """The objective a command line asks for: given, or implied by --depth/--lambda (sequential) or
+    --heads (parallel) over an NTP recipe. Flags that the objective would ignore are errors."""
+    if objective is None and depth is not None and heads is not None:
+        raise UserError("--depth (sequential MTP) and --heads (parallel heads) cannot be used together")
+    if objective is None and recipe_objective == "ntp":
+        if heads is not None and depth is None:
+            objective = "parallel"
+        elif heads is None and (depth is not None or lam is not None):
+            objective = "sequential"
+    chosen = objective or recipe_objective
+    ignored = {"ntp": [("--depth", depth), ("--heads", heads), ("--lambda", lam)],
+               "sequential": [("--heads", heads)], "parallel": [("--depth", depth)]}.get(chosen, [])
+    given = [flag for flag, value in ignored if value is not None]
+    if given:
+        raise UserError(f"{' and '.join(given)} cannot be used with the {chosen} objective "
+                        "(--depth and --lambda are for sequential, --heads and --lambda for parallel)")
+    return chosen
 
 
 @dataclass
@@ -164,8 +186,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise UserError(f"train.lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"train.lr must be a finite number > 0, got {self.lr}")
         if self.warmup < 0:
             raise UserError(f"train.warmup must be >= 0, got {self.warmup}")
         if self.schedule not in SCHEDULES:

@@ -108,11 +108,22 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
     for section in ("model", "mtp", "data"):
         if stored.get(section) != mine[section]:
             raise UserError(f"output folder {out} holds a different run ({section} settings differ); "
-                            f"use another --out or --force to overwrite")
+                            f"to continue it, give only the flags it was trained with (or none), or use another --out")
     strip = lambda t: {k: v for k, v in t.items() if k not in RESUMABLE_TRAIN_KEYS}  # noqa: E731
     if strip(stored.get("train", {})) != strip(mine["train"]):
-        raise UserError(f"output folder {out} holds a different run (train settings differ); use another --out or --force")
+        raise UserError(f"output folder {out} holds a different run (train settings differ); to continue it, "
+                        f"give only the flags it was trained with (or none), or use another --out")
     return (out / ckpt.CHECKPOINT).is_file()
+
+
+def _check_data_size(data: shards.TokenData, context: int) -> None:
+    """Both splits need at least one window of context + 1 tokens (+1 for a random start in training)."""
+    for split, tokens, need in (("training", data.train, context + 2), ("validation", data.val, context + 1)):
+        if len(tokens) < need:
+            raise UserError(f"the {split} split has {len(tokens):,} tokens, fewer than one window of "
+                            f"context + 1 = {context + 1} ({data.n_docs} documents); add data or lower model.context")
+    if data.n_docs == 1:
+        ui.console.print("warning: one document only — validation uses the training text", markup=False)
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:
@@ -169,6 +180,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         dist.barrier()
     if not ddp.main:
         data = shards.prepare(recipe.data, recipe.model.vocab_size)
+    _check_data_size(data, recipe.model.context)
     if recipe.data.tokenizer != "bpe":
         recipe.model.vocab_size = len(data.tokenizer)
     elif len(data.tokenizer) > recipe.model.vocab_size:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, folder_snapshot, micro_recipe, recipe_toml, write_recipe
+from conftest import REPO, cli_in_process, folder_snapshot, micro_recipe, recipe_toml, write_recipe
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -65,8 +65,18 @@ BAD_INPUT = {
     "unknown-objective": (["--objective", "foo"], r"unknown objective 'foo'", None),
     "depth-0": (["--objective", "sequential", "--depth", "0"], r"--depth must be >= 1", None),
     "depth-0-implied-sequential": (["--depth", "0"], r"--depth must be >= 1", None),
-    "negative-lambda": (["--depth", "1", "--lambda", "-0.5"], r"lambda must be >= 0", None),
-    "negative-lambda-final": (["--depth", "1", "--lambda-final=-1"], r"lambda_final must be >= 0", None),
+    "negative-lambda": (["--depth", "1", "--lambda", "-0.5"], r"lambda must be a finite number >= 0", None),
+    "nan-lambda": (["--depth", "1", "--lambda", "nan"], r"lambda must be a finite number >= 0, got nan", None),
+    "negative-lambda-final": (["--depth", "1", "--lambda-final=-1"], r"lambda_final must be a finite number >= 0", None),
+    "inf-lr": (["--lr", "inf"], r"train.lr must be a finite number > 0", None),
+    "depth-with-heads": (["--depth", "1", "--heads", "4"], r"--depth \(sequential MTP\) and --heads \(parallel heads\) cannot be used together", None),
+    "depth-with-ntp": (["--objective", "ntp", "--depth", "2", "--lambda", "0.3"],
+                       r"--depth and --lambda cannot be used with the ntp objective", None),
+    "heads-with-sequential": (["--objective", "sequential", "--heads", "3"],
+                              r"--heads cannot be used with the sequential objective", None),
+    "resume-of-nothing": (["--resume", "--out", "{dir}/nothing-here"], r"--resume: .*nothing-here holds no run to continue", None),
+    "corpus-smaller-than-a-window": (["--data", "{dir}/tiny.py", "--out", "{dir}/fresh"], r"split has \d+ tokens, fewer than one window of context \+ 1 = 33",
+                                     lambda d: (d / "tiny.py").write_text("x = 1\n")),
     "depth-not-below-context": (["--depth", "32"], r"32 extra predictions per position need model.context > 32", None),
     "one-parallel-head": (["--objective", "parallel", "--heads", "1"], r"--heads must be >= 2", None),
     "unknown-recipe-key": (["--recipe", "{dir}/bad-key.toml"], r"unknown key in train: stepz", bad_key_recipe),
@@ -197,6 +207,32 @@ def test_heads_flag_picks_parallel(base_run, tmp_path, monkeypatch, single_threa
     cli_module.main()
     info = json.loads((tmp_path / "runs" / "micro-parallel-n2-lam1-s0" / "run.json").read_text())
     assert info["objective"] == "parallel" and info["recipe"]["mtp"]["heads"] == 2
+
+
+def test_resume_continues_with_the_runs_own_recipe(tmp_path, monkeypatch, capsys, single_thread):
+    """`mtp train --out RUN --resume`, no other flag: the run's own recipe and step count (a 4-step
+    sequential run stopped at step 2 ends at step 4 — not the quick recipe's 160, not a settings error)."""
+    from mtp_cli import train as trainer
+
+    recipe = micro_recipe("sequential", steps=4, depth=1)
+    real = trainer.lr_at
+
+    def stop_at_2(step, cfg):
+        if step == 2:
+            raise KeyboardInterrupt
+        return real(step, cfg)
+
+    monkeypatch.setattr(trainer, "lr_at", stop_at_2)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(recipe, tmp_path / "run", show_progress=False)
+    monkeypatch.setattr(trainer, "lr_at", real)
+    code, out, err = cli_in_process("train", "--out", tmp_path / "run", "--resume", capsys=capsys)
+    assert code == 0, err
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "done" and info["step"] == 4 and info["objective"] == "sequential"
+    code, _, err = cli_in_process("train", "--out", tmp_path / "run", "--resume", "--steps", "6", capsys=capsys)
+    assert code == 0, err  # a flag the run allows to change on resume: train longer
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["step"] == 6
 
 
 def test_nan_stops_with_one_line_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys, single_thread):
