@@ -101,6 +101,7 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
         return ab
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    _preflight_eval(ab)
     if stale:
         if world > 1:  # every rank must see the same folder: discard it in one process first
             raise UserError(f"--force under torchrun: discard {ab.results_dir} first (remove it, or run "
@@ -324,6 +325,16 @@ def _specbench(cell: Cell, view: GridView) -> None:
 
 
 STAGE_FUNCS = {"train": _train, "export": _export, "eval": _eval, "specbench": _specbench}
+
+
+def _preflight_eval(ab: Ablation) -> None:
+    """Before any training: the eval stage's GSM8K data must be there (not found out after the training)."""
+    from mtp_cli.evals import gsm8k
+
+    for cell in ab.cells:
+        if "eval" in cell.pending and "gsm8k" in cell.recipe.eval.tasks:
+            gsm8k.preflight(gsm8k_data(cell.recipe))
+            return
 
 
 def gsm8k_data(recipe: Recipe) -> Path | None:

@@ -212,6 +212,15 @@ def test_bad_recipe_is_one_line_exit_2(case, tmp_path, capsys):
     assert not (tmp_path / "res").exists()
 
 
+def test_missing_gsm8k_data_stops_the_ablation_before_any_training(tmp_path, capsys):
+    recipe = tmp_path / "no-gsm8k.toml"
+    recipe.write_text(ablation_toml("no-gsm8k").replace(str(REPO / "tests" / "data" / "gsm8k"), str(tmp_path / "nowhere")))
+    code, out, err = mtp("ablate", "--recipe", recipe, "--results-root", tmp_path / "res", capsys=capsys)
+    assert code == 2, (out, err)
+    assert "nowhere does not exist" in err and len(err.strip().splitlines()) == 1, err
+    assert not list((tmp_path / "res").rglob("run.json"))
+
+
 def test_only_naming_no_variant_and_bad_seeds(tmp_path, capsys):
     recipe = tmp_path / "ok.toml"
     recipe.write_text(ablation_toml("ok"))

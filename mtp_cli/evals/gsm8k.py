@@ -31,6 +31,9 @@ NUM_FEWSHOT = 5
 
 def check_data(data_dir: str | Path) -> Path:
     data_dir = Path(data_dir).expanduser().resolve()
+    if not data_dir.is_dir():
+        raise UserError(f"--gsm8k-data {data_dir} does not exist (expected a folder with GSM8K's train.jsonl "
+                        f"and test.jsonl; this workspace's copy is ../shared/data/gsm8k)")
     missing = [name for name in ("train.jsonl", "test.jsonl") if not (data_dir / name).is_file()]
     if missing:
         raise UserError(f"--gsm8k-data {data_dir} lacks {' and '.join(missing)} (expected the openai/grade-school-math JSONL files)")
