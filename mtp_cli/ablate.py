@@ -114,7 +114,10 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
         ui.console.print(f"torchrun with {world} processes: running the train stage only; "
                          f"run `mtp ablate --recipe {ab.source}` without torchrun for the rest")
     work = [(cell, [s for s in cell.pending if s in stages]) for cell in ab.cells]
-    view = GridView(ab, work, disable=not show_progress or rank != 0)
+    anything_to_do = any(cell_stages for _, cell_stages in work)
+    if rank == 0 and not anything_to_do:
+        ui.console.print(f"nothing to do: every stage of the {len(ab.cells)} runs in {ab.results_dir} is done")
+    view = GridView(ab, work, disable=not show_progress or rank != 0 or not anything_to_do)
     try:
         with view.progress:
             for cell, cell_stages in work:

@@ -52,7 +52,7 @@ def test_grid_runs_every_stage_and_writes_one_summary_row_per_run(tiny_ablation)
         assert (run.path / results.EXPORT / "model.safetensors").is_file()
 
 
-def test_second_run_redoes_nothing(tiny_ablation, monkeypatch):
+def test_second_run_redoes_nothing(tiny_ablation, monkeypatch, capsys):
     source = Path(results.read_lock(tiny_ablation)["source"])
     before = folder_snapshot(tiny_ablation / results.RUNS)
     for name in ablate.STAGE_FUNCS:  # any stage that runs again fails the test
@@ -60,6 +60,7 @@ def test_second_run_redoes_nothing(tiny_ablation, monkeypatch):
     ab = ablate.run_ablation(source, results_root=tiny_ablation.parent, show_progress=False)
     assert all(not c.pending for c in ab.cells) and not ab.failures
     assert folder_snapshot(tiny_ablation / results.RUNS) == before
+    assert "nothing to do: every stage of the" in capsys.readouterr().err
 
 
 def test_dry_run_plans_and_estimates_without_writing(tmp_path, capsys):
