@@ -13,7 +13,9 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -114,6 +116,28 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
         raise UserError(f"output folder {out} holds a different run (train settings differ); to continue it, "
                         f"give only the flags it was trained with (or none), or use another --out")
     return (out / ckpt.CHECKPOINT).is_file()
+
+
+@contextlib.contextmanager
+def _interrupt_between_steps(stop: dict):
+    """Ctrl-C (SIGINT) during a step is held until the step is applied and logged, so the checkpoint
+    saved on interrupt is the state after a whole step and metrics.jsonl has every row up to it. A
+    second Ctrl-C interrupts at once (`stop["hard"]`: nothing is saved, the last periodic checkpoint stays)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        if stop["requested"]:
+            stop["hard"] = True
+            raise KeyboardInterrupt
+        stop["requested"] = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _check_data_size(data: shards.TokenData, context: int) -> None:
@@ -242,10 +266,13 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     model.train()
     peak_memory_kind = env.reset_peak_memory(device)
     bar = ui.progress(disable=not (show_progress and ddp.main))
+    stop = {"requested": False, "hard": False}
     try:
-        with bar:
+        with bar, _interrupt_between_steps(stop):
             task = bar.add_task(f"train {out.name}", total=t.steps, completed=start_step, info="")
             while step < t.steps:
+                if stop["requested"]:
+                    raise KeyboardInterrupt
                 t0 = time.perf_counter()
                 lr = lr_at(step, t)
                 for group in optimizer.param_groups:
@@ -284,7 +311,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                 info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
                 bar.update(task, completed=step, info=info + f" {tokens_per_step / dt:,.0f} tok/s")
     except KeyboardInterrupt:
-        if ddp.main and ddp.world == 1 and step > start_step:
+        if ddp.main and ddp.world == 1 and step > start_step and not stop["hard"]:
             save(step)
             ui.console.print(f"interrupted: checkpoint saved at step {step}; continue with --resume")
         _mark_stopped(out, summary, "interrupted", step, ddp)

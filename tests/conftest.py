@@ -159,7 +159,8 @@ def single_thread():
 # ---- a finished micro ablation, shared by test_ablate and test_report ----
 
 def ablation_toml(name: str = "micro-abl", seeds=(0,), steps: int = 6, eval_tasks=("heldout", "humaneval", "gsm8k"),
-                  specbench: bool = True, variants: str | None = None, extra: str = "") -> str:
+                  specbench: bool = True, variants: str | None = None, extra: str = "",
+                  ckpt_every: int | None = None) -> str:
     """A recipe TOML for `mtp ablate` at micro scale: ntp vs sequential D=1 by default, tiny eval limits."""
     files = ", ".join(json.dumps(f) for f in TINY_FILES)
     variants = variants if variants is not None else (
@@ -187,7 +188,7 @@ batch_size = 4
 warmup = 2
 eval_every = {steps}
 eval_batches = 1
-ckpt_every = {max(steps // 2, 1)}
+ckpt_every = {ckpt_every or max(steps // 2, 1)}
 peak_flops = 1e11
 
 [eval]

@@ -127,8 +127,9 @@ def test_killed_ablation_restarts_where_it_stopped(tmp_path):
     """SIGKILL the whole ablation mid-training of its second run; the restart keeps the first run's files
     untouched and resumes the second from its checkpoint."""
     recipe_path = tmp_path / "kill.toml"
-    recipe_path.write_text(ablation_toml("kill", seeds=(0, 1), steps=60, eval_tasks=(), specbench=False,
-                                         variants='[[variants]]\nname = "ntp"\n'))
+    # 600 steps, the first checkpoint at 100: the kill lands while 500 steps (seconds) are left to run
+    recipe_path.write_text(ablation_toml("kill", seeds=(0, 1), steps=600, eval_tasks=(), specbench=False,
+                                         variants='[[variants]]\nname = "ntp"\n', ckpt_every=100))
     res = tmp_path / "res"
     cmd = [sys.executable, "-m", "mtp_cli", "ablate", "--recipe", str(recipe_path), "--results-root", str(res)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -144,12 +145,12 @@ def test_killed_ablation_restarts_where_it_stopped(tmp_path):
     first = folder_snapshot(res / "kill" / "runs" / "ntp-s0")
     head = (second / "metrics.jsonl").read_text()
     step = json.loads(head.splitlines()[-1])["step"]
-    assert step < 60
+    assert step < 600
     rerun = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert folder_snapshot(res / "kill" / "runs" / "ntp-s0") == first
     lines = (second / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines if '"train"' in x] == list(range(1, 61))
+    assert [json.loads(x)["step"] for x in lines if '"train"' in x] == list(range(1, 601))
     assert json.loads((second / "run.json").read_text())["status"] == "done"
 
 

@@ -157,6 +157,30 @@ def test_resume_after_ctrl_c_gives_the_same_weights(tmp_path, monkeypatch):
     assert loss_curve(tmp_path / "resumed") == loss_curve(tmp_path / "straight")
 
 
+def test_ctrl_c_in_the_middle_of_a_step_stops_after_that_step(tmp_path, monkeypatch):
+    """A real SIGINT while step 3's backward runs: the step is finished and logged, then the loop stops
+    with a checkpoint at step 3 — never a half-applied step saved as the one before it."""
+    import os
+    import signal
+
+    recipe = micro_recipe("ntp", steps=6)
+    real = trainer._accumulate
+    calls = []
+
+    def accumulate_with_sigint(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_accumulate", accumulate_with_sigint)
+    with pytest.raises(KeyboardInterrupt):
+        run(recipe, tmp_path / "run")
+    assert torch.load(tmp_path / "run" / ckpt.CHECKPOINT, weights_only=True)["step"] == 3
+    assert [r["step"] for r in metrics(tmp_path / "run")[0]] == [1, 2, 3]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
 @pytest.mark.parametrize("objective,kw", [("parallel", {"heads": 3}), ("ntp", {})])
 def test_resume_after_crash_from_periodic_checkpoint(tmp_path, monkeypatch, objective, kw):
     """A crash after step 3 with checkpoints every 2 steps: resume restarts from step 2, drops the
@@ -355,7 +379,7 @@ def test_resume_after_a_real_signal(tmp_path, sig):
 
     from conftest import write_recipe
 
-    recipe = micro_recipe("sequential", steps=40, depth=1)
+    recipe = micro_recipe("sequential", steps=300, depth=1)  # long enough that the signal lands mid-run
     recipe.train.ckpt_every = 5
     path = write_recipe(recipe, tmp_path / "r.toml")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -374,12 +398,12 @@ def test_resume_after_a_real_signal(tmp_path, sig):
         assert proc.returncode == 130, err
         assert "checkpoint saved at step" in err
     step = torch.load(tmp_path / "run" / ckpt.CHECKPOINT, weights_only=True)["step"]
-    assert 5 <= step < 40
+    assert 5 <= step < 300
     done = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     run(recipe, tmp_path / "straight")
     assert max_state_diff(checkpoint_weights(tmp_path / "straight"), checkpoint_weights(tmp_path / "run")) == 0.0
-    assert [r["step"] for r in metrics(tmp_path / "run")[0]] == list(range(1, 41))
+    assert [r["step"] for r in metrics(tmp_path / "run")[0]] == list(range(1, 301))
 
 
 @pytest.mark.slow
