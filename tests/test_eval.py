@@ -142,6 +142,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, capsys, monke
     empty = tmp_path / "no-checkpoint"
     empty.mkdir()
     one_line_error(run("eval", empty, "--tasks", "heldout"), "no checkpoint")
+    one_line_error(run("eval", empty, "--gsm8k-data", tmp_path / "nowhere"), "no checkpoint")  # the run first
     one_line_error(run("export", empty, "--out", tmp_path / "x"), "no checkpoint")
     one_line_error(run("generate", empty, "--prompt", "x"), "no checkpoint")
     one_line_error(run("eval", tmp_path / "missing", "--tasks", "heldout"), "not found")

@@ -60,6 +60,8 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
 
     tasks = parse_tasks(tasks)
     limits = parse_limits(limit, tasks)
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)  # a missing or broken run is the first thing to report
     if "humaneval" in tasks:
         humaneval.check_decoding(samples, temperature)
         sandbox.detect()  # fails here, not after generating, where no fence can be built
@@ -67,8 +69,6 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
         gsm8k_data = gsm8k.preflight(gsm8k_data)
     if text is not None and not Path(text).is_file():
         raise UserError(f"--text {text}: no such file")
-    run_dir = Path(run_dir)
-    run = load_run(run_dir)
     json_path = Path(json_path) if json_path else run_dir / "eval.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     export_dir, trunk, tokenizer = None, None, None
