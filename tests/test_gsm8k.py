@@ -95,3 +95,14 @@ def test_missing_or_incomplete_data_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setattr(gsm8k, "_hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(UserError, match="--gsm8k-data"):
         gsm8k.preflight(None)
+
+
+def test_lm_eval_request_bar_is_off_only_during_the_call():
+    import lm_eval.api.task as task_module
+
+    from mtp_cli.evals import gsm8k
+
+    original = task_module.tqdm
+    with gsm8k._quiet_request_bar():
+        assert task_module.tqdm([1, 2]).disable
+    assert task_module.tqdm is original

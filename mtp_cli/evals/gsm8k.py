@@ -9,6 +9,8 @@ lm-eval's own per-document results, next to lm-eval's standard error.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
@@ -98,16 +100,34 @@ def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: 
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
         datasets.disable_progress_bars()
         try:
-            out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=NUM_FEWSHOT, limit=limit,
-                                          task_manager=manager, log_samples=True, random_seed=seed,
-                                          numpy_random_seed=seed, torch_random_seed=seed,
-                                          fewshot_random_seed=seed)
+            with _quiet_request_bar():
+                out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=NUM_FEWSHOT, limit=limit,
+                                              task_manager=manager, log_samples=True, random_seed=seed,
+                                              numpy_random_seed=seed, torch_random_seed=seed,
+                                              fewshot_random_seed=seed)
         except (ConnectionError, OSError) as exc:
             if data_dir is None:
                 raise UserError(f"could not load openai/gsm8k from the hub or its cache ({type(exc).__name__}); "
                                 "pass --gsm8k-data DIR to run from local files") from None
             raise
     return summarize(out, task) | {"task": task, "data": str(data_dir) if data_dir else "hub:openai/gsm8k"}
+
+
+@contextlib.contextmanager
+def _quiet_request_bar():
+    """lm-eval draws a tqdm bar while it builds the requests (in lm_eval.api.task); our Rich progress
+    view already shows the generation, so that bar is switched off for the call."""
+    import lm_eval.api.task as task_module
+
+    original = getattr(task_module, "tqdm", None)
+    if original is None:
+        yield
+        return
+    task_module.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        task_module.tqdm = original
 
 
 def summarize(out: dict, task: str) -> dict:
