@@ -99,7 +99,7 @@ def export(
 def eval_(
     run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
     tasks: str = typer.Option("humaneval,gsm8k,heldout", help="Comma-separated: humaneval, gsm8k, heldout."),
-    limit: Optional[int] = typer.Option(None, help="First N problems / documents / validation windows of each task."),
+    limit: Optional[int] = typer.Option(None, help="First N problems / documents / validation windows of each task (0 = all)."),
     gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl (offline); default: the hub."),
     samples: int = typer.Option(1, help="HumanEval completions per problem (pass@k for k <= n)."),
     temperature: float = typer.Option(0.0, help="HumanEval sampling temperature (0 = greedy; > 0 needs it for --samples > 1)."),
@@ -152,7 +152,7 @@ def generate(
 def specbench(
     run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
     prompts: str = typer.Option("humaneval", help="humaneval | gsm8k | a file (one prompt per line, or JSONL with \"prompt\")."),
-    limit: int = typer.Option(20, help="First N prompts."),
+    limit: int = typer.Option(20, help="First N prompts (0 = all)."),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per prompt (fewer at EOS)."),
     batch_sizes: str = typer.Option("1", help="Comma-separated batch sizes, e.g. 1,4,16."),
     repeats: int = typer.Option(5, help="Timed repeats after the warm-up (medians and 95% intervals over them)."),
@@ -166,7 +166,7 @@ def specbench(
     """End-to-end latency: plain greedy vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers."""
     from mtp_cli.decode.bench import JSON_NAME, render_table, run_specbench
 
-    report = run_specbench(run, prompts=prompts, limit=limit, max_new_tokens=max_new_tokens,
+    report = run_specbench(run, prompts=prompts, limit=limit or None, max_new_tokens=max_new_tokens,
                            batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
                            draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads)
     ui.out.print(render_table(report))
