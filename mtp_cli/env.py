@@ -108,11 +108,22 @@ def peak_memory_mb(device: torch.device) -> float:
     across exec, so a process spawned by a big parent (mtp ablate) would report the parent's peak."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = _proc_status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """This process's resident size now (VmRSS), MB; NaN where /proc is not there."""
+    rss = _proc_status_mb("VmRSS")
+    return rss if rss is not None else float("nan")
+
+
+def _proc_status_mb(key: str) -> float | None:
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return None

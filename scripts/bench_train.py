@@ -22,21 +22,13 @@ import time
 CONFIGS = ["ntp", "sequential", "parallel", "hf-llama", "ntp-compiled", "hf-llama-compiled"]
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def worker(name: str, recipe_name: str, steps: int) -> dict:
     import torch
 
     from mtp_cli.config import MTPConfig, load_recipe
     from mtp_cli.model import MTPModel, parallel_backward
     from mtp_cli.model.trunk import compile_blocks
-    from mtp_cli.env import peak_memory_mb
+    from mtp_cli.env import peak_memory_mb, rss_mb
     from mtp_cli.train import flops_per_token
 
     torch.manual_seed(0)
@@ -86,7 +78,7 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    rss_before = _rss_mb()
+    rss_before = rss_mb()
     times = [timed_step(batches[i % 2]) for i in range(warmup + steps)]
     # Training memory: peak RSS above the size after building the model. Compiled rows would count the
     # compiler's own memory too, so they report none.

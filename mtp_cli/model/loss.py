@@ -96,16 +96,20 @@ def linear_cross_entropy(normed: torch.Tensor, weight: torch.Tensor, targets: to
 
 def linear_offset_loss(normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
     """`offset_loss` from normed hidden states and the unembedding weight (see linear_cross_entropy)."""
-    if normed.shape[1] == targets.shape[1]:
-        normed = valid_positions(normed, k)
-    return linear_cross_entropy(normed, weight, extra_targets(targets, k))
+    normed, targets = _aligned(normed, targets, k)
+    return linear_cross_entropy(normed, weight, targets)
 
 
 def offset_loss(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
     """Cross-entropy of prediction k (0 = next token) given logits over all T positions or T-k."""
-    if logits.shape[1] == targets.shape[1]:
-        logits = valid_positions(logits, k)
-    return cross_entropy(logits, extra_targets(targets, k))
+    return cross_entropy(*_aligned(logits, targets, k))
+
+
+def _aligned(per_position: torch.Tensor, targets: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prediction k's rows (over all T positions or already T-k) and its targets, cut to the same length."""
+    if per_position.shape[1] == targets.shape[1]:
+        per_position = valid_positions(per_position, k)
+    return per_position, extra_targets(targets, k)
 
 
 def combine(loss_main: torch.Tensor, extra: list[torch.Tensor], lam: float) -> torch.Tensor:
