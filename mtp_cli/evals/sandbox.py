@@ -75,7 +75,7 @@ class Limits:
 # Trusted, runs as the sandbox user: reads its job on stdin, builds the fence, runs the untrusted
 # program, reports JSON lines on fd `report_fd`: {"kill_pid"}, then {"result", "how"} or {"setup_failed"}.
 SUPERVISOR = r'''
-import ctypes, json, os, resource, signal, sys
+import ctypes, json, os, resource, select, signal, sys
 job = json.loads(sys.stdin.readline())
 REPORT = job["report_fd"]
 libc = ctypes.CDLL(None, use_errno=True)
@@ -211,6 +211,32 @@ def untrusted(job_r, result_w):
     os.closerange(4, 1 << 16)  # the report pipe among them
     os.execve(job["python"], [job["python"], "-I", "-S", "-c", job["program"]], job["env"])
 
+def collect(result_r, pid):
+    """What the child writes on its result pipe until it exits (not until the pipe closes: without
+    seccomp something it forked may hold the pipe open)."""
+    chunks, size = [], 0
+    try:
+        exited = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        exited = None
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    os.set_blocking(result_r, False)
+    while size < (1 << 20):
+        ready = [] if exited is None else select.select([result_r, exited], [], [])[0]
+        try:
+            chunk = os.read(result_r, 1 << 16)
+        except BlockingIOError:
+            if exited is None or exited in ready:
+                break
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if exited is not None:
+        os.close(exited)
+    return chunks
+
 def supervise():
     """Fork the untrusted child, give it its task, wait for it (without reaping), report its result."""
     job_r, job_w = os.pipe()
@@ -233,12 +259,7 @@ def supervise():
     except OSError:
         pass
     os.close(job_w)
-    chunks = []
-    while True:  # until every writer is gone: the child and, without seccomp, anything it forked
-        chunk = os.read(result_r, 1 << 16)
-        if not chunk or sum(map(len, chunks)) > (1 << 20):
-            break
-        chunks.append(chunk)
+    chunks = collect(result_r, pid)
     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a zombie keeps its pid from reuse
     how = ("exit status %d" % info.si_status) if info.si_code == 1 else ("killed by signal %d" % info.si_status)
     try:
