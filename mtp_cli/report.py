@@ -116,14 +116,15 @@ def training_section(r: ResultSet) -> Section:
         diff_rows.append([f"{v} (seeds {_seed_list(r, v)})", *cells])
     pair = compare.noise_floor_seeds(r)
     floor_label = f"noise floor: {base} s{pair[1]} − s{pair[0]}" if pair else f"noise floor: {base} seed vs seed"
-    floor = []
+    floor, floor_methods = [], {}
     for m in metrics:
         e = compare.noise_floor(r, m)
         floor.append(fmt_estimate(m, e, signed=True))
-        _note_method(methods, e, m.label)
+        _note_method(floor_methods, e, m.label)
     diff_rows.append([floor_label, *floor])
     notes = [f"variant − {base} (seeds {_seed_list(r, base)}); 95% intervals:",
              *[f"{how}: {', '.join(labels)}" for how, labels in methods.items()],
+             *[f"noise floor, {how}: {', '.join(labels)}" for how, labels in floor_methods.items()],
              "per item: every run scored the same items (HumanEval problems, GSM8K questions, held-out windows), so "
              "differences pair per item; over seeds: seeds are resampled first, so the interval covers seed variation",
              "noise floor: the same difference between two NTP seeds — a variant's Δ inside it is no evidence "
@@ -282,9 +283,9 @@ def _degenerate_warning(r: ResultSet, primary: str | None) -> str:
     bad = {v: s for v, s in shares.items() if s is not None and s > DEGENERATE_THRESHOLD}
     if not bad:
         return ""
-    figures = ", ".join(f"{_pct(s)} for {v}" for v, s in bad.items())
-    return (f"**The trunks' decoded text is degenerate in the primary condition ({primary}): {figures} of the "
-            "outputs, so the acceptance below measures agreement on degenerate text, not drafting of real text.**")
+    figures = ", ".join(f"{_pct(s)} ({v})" for v, s in bad.items())
+    return (f"**The trunks' decoded text is degenerate in the primary condition ({primary}): degenerate share "
+            f"{figures}, so acceptance there measures agreement on degenerate text, not the drafting of real text.**")
 
 
 def _no_mtp_reason(r: ResultSet, variant: str) -> str:
