@@ -125,8 +125,9 @@ def training_section(r: ResultSet) -> Section:
     notes = [f"variant − {base} (seeds {_seed_list(r, base)}); 95% intervals:",
              *[f"{how}: {', '.join(labels)}" for how, labels in methods.items()],
              *[f"noise floor, {how}: {', '.join(labels)}" for how, labels in floor_methods.items()],
-             "per item: every run scored the same items (HumanEval problems, GSM8K questions, held-out windows), so "
-             "differences pair per item; over seeds: seeds are resampled first, so the interval covers seed variation",
+             *(["per item: every run scored the same items (HumanEval problems, GSM8K questions, held-out windows), "
+                "so differences pair per item; over seeds: seeds are resampled first, so the interval covers seed "
+                "variation"] if any("bootstrap" in how for how in methods) else []),
              "noise floor: the same difference between two NTP seeds — a variant's Δ inside it is no evidence "
              "of an effect of the objective",
              "an interval that contains 0 is no evidence of a difference"]

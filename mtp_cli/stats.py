@@ -100,9 +100,20 @@ def common_items(*sides: Mapping[int, pd.Series]) -> pd.Index:
     return pd.Index(sorted(set.intersection(*sets))) if sets else pd.Index([])
 
 
-def _draws(rng: np.random.Generator, iters: int, n_items: int) -> np.ndarray:
-    """(iters × items) resampling weights: how often each item is drawn, over the number of items."""
-    return rng.multinomial(n_items, np.full(n_items, 1.0 / n_items), size=iters) / n_items
+CHUNK_CELLS = 2_000_000  # resampling weights held at once (iterations × items), to bound memory
+
+
+def _resampled_sums(rng: np.random.Generator, iters: int, *matrices: np.ndarray) -> list[np.ndarray]:
+    """For each (seeds × items) matrix, the (iters × seeds) means over items resampled with replacement;
+    one item draw per iteration, shared by every matrix and every seed (that keeps the pairing)."""
+    n_items = matrices[0].shape[1]
+    chunk = max(1, CHUNK_CELLS // n_items)
+    out: list[list[np.ndarray]] = [[] for _ in matrices]
+    for start in range(0, iters, chunk):
+        weights = rng.multinomial(n_items, np.full(n_items, 1.0 / n_items), size=min(chunk, iters - start)) / n_items
+        for acc, m in zip(out, matrices):
+            acc.append(weights @ m.T)
+    return [np.concatenate(acc) for acc in out]
 
 
 def _seed_draws(rng: np.random.Generator, iters: int, n_seeds: int, resample: bool) -> np.ndarray:
@@ -132,8 +143,7 @@ def hierarchical_difference(variant: Mapping[int, pd.Series], base: Mapping[int,
     value = float(v.mean() - b.mean())
     paired_seeds = sorted(variant) == sorted(base)
     rng = np.random.default_rng(seed)
-    weights = _draws(rng, iters, len(items))
-    per_seed_v, per_seed_b = weights @ v.T, weights @ b.T  # (iters × seeds): each run's resampled mean
+    per_seed_v, per_seed_b = _resampled_sums(rng, iters, v, b)  # (iters × seeds): each run's resampled mean
     sv = _seed_draws(rng, iters, len(v), resample=True)
     sb = sv if paired_seeds else _seed_draws(rng, iters, len(b), resample=True)
     diffs = np.take_along_axis(per_seed_v, sv, 1).mean(1) - np.take_along_axis(per_seed_b, sb, 1).mean(1)
@@ -165,9 +175,9 @@ def hierarchical_ratio(numerators: Mapping[int, pd.Series], denominators: Mappin
         return None
     value = float((num.sum(1) / totals).mean())
     rng = np.random.default_rng(seed)
-    weights = _draws(rng, iters, len(items))
+    num_means, den_means = _resampled_sums(rng, iters, num, den)
     with np.errstate(invalid="ignore", divide="ignore"):
-        per_seed = (weights @ num.T) / (weights @ den.T)
+        per_seed = num_means / den_means
     draws = _seed_draws(rng, iters, len(num), resample=resample_seeds)
     samples = np.take_along_axis(per_seed, draws, 1).mean(1)
     samples = samples[np.isfinite(samples)]
