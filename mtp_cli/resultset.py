@@ -105,7 +105,7 @@ class ResultSet:
     # ---- per-item series ---------------------------------------------------------------------------
     def items(self, run: results.RunFolder, task: str, metric: str) -> pd.Series | None:
         """One run's per-item values of `metric` on `task`, indexed by item id (None if not stored).
-        Held-out windows store the mean loss in nats; their bits/byte is derived from tokens and bytes."""
+        Held-out windows are weighted so that their plain mean is eval.json's aggregate (`_window_totals`)."""
         key = (run.path, task, metric)
         if key not in self._items:
             self._items[key] = _read_items(run, task, metric)
@@ -226,16 +226,13 @@ def _read_items(run: results.RunFolder, task: str, metric: str) -> pd.Series | N
     path = _resolve(run.path, stored) if stored else None
     if path is None:
         return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if task == "heldout":
+        rows = _window_totals(rows, metric)
     ids, vals = [], []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in rows:
         item = next((row[k] for k in ITEM_ID_KEYS if k in row), None)
-        if task == "heldout" and metric == "bpb":
-            value = (row["loss"] * row["tokens"] / math.log(2) / row["bytes"]) if row.get("bytes") else None
-        else:
-            value = row.get(metric)
+        value = row.get(metric)
         if item is not None and isinstance(value, (int, float)) and math.isfinite(value):
             ids.append(item)
             vals.append(float(value))
@@ -243,6 +240,20 @@ def _read_items(run: results.RunFolder, task: str, metric: str) -> pd.Series | N
         return None
     series = pd.Series(vals, index=pd.Index(ids, name="item"), name=f"{task}.{metric}")
     return series[~series.index.duplicated(keep="first")]
+
+
+def _window_totals(rows: list[dict], metric: str) -> list[dict]:
+    """Held-out windows as items whose plain mean is the eval's own aggregate: a window's nats (for
+    `loss`) or bits (for `bpb`) over the mean tokens or bytes per window, so the mean over windows is
+    Σ nats / Σ tokens (token-weighted loss) or Σ bits / Σ bytes (bits per byte), as in eval.json."""
+    if metric not in ("loss", "bpb") or not rows or any(not r.get("tokens") for r in rows):
+        return rows
+    per = "bytes" if metric == "bpb" else "tokens"
+    if any(not r.get(per) for r in rows):
+        return []
+    mean_per = sum(r[per] for r in rows) / len(rows)
+    to_unit = math.log(2) if metric == "bpb" else 1.0
+    return [{"window": r.get("window"), metric: r["loss"] * r["tokens"] / to_unit / mean_per} for r in rows]
 
 
 def _seed_mean(vals: list):

@@ -4,6 +4,7 @@ degenerate-text warning, summary.csv's new columns, and a re-render that changes
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -43,8 +44,21 @@ def test_items_are_series_indexed_by_item_id(synth):
     loss, bpb = r.items(run, "heldout", "loss"), r.items(run, "heldout", "bpb")
     assert np.allclose(bpb, loss * 64 / math.log(2) / 180)  # bits of the window's tokens over its bytes
     assert r.items(run, "humaneval", "no_such_field") is None
+    assert loss.mean() == pytest.approx(run.eval["results"]["heldout"]["loss"])
     (run.path / "eval_gsm8k_gold.jsonl").unlink()
     assert resultset.load(synth).items(run, "gsm8k", "gold_bpb") is None
+
+
+def test_heldout_windows_average_to_the_evals_aggregate(synth):
+    run = synth / "runs" / "ntp-s0"
+    rows = [{"window": i, "loss": 2.0 + 0.1 * i, "tokens": 64 - 8 * (i % 2), "bytes": 150 + 17 * i} for i in range(6)]
+    (run / "eval_heldout_windows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    r = resultset.load(synth)
+    folder = r.seeds("ntp")[0]
+    nats = sum(row["loss"] * row["tokens"] for row in rows)
+    assert r.items(folder, "heldout", "loss").mean() == pytest.approx(nats / sum(row["tokens"] for row in rows))
+    assert r.items(folder, "heldout", "bpb").mean() == pytest.approx(nats / math.log(2) / sum(row["bytes"] for row in rows))
+    assert list(r.items(folder, "heldout", "bpb").index) == list(range(6))
 
 
 def _offsets():
