@@ -4,6 +4,9 @@ loss_curves          training loss per variant (trunk, and each extra depth/head
 acceptance           measured acceptance per draft position (bs=1), with the validation proxy beside it
 speedup_vs_batch     measured MTP speedup over our greedy against batch size, with its interval
 quality_differences  variant − NTP for each quality metric, with its 95% interval
+paired_differences   per-item Δ (gold bits/byte, held-out windows) per variant vs NTP, with the noise floor
+
+Every number comes from the results model (`resultset`) and `compare`, as in the report's tables.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from mtp_cli import results  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mtp_cli import compare, results, stats  # noqa: E402
 
 
 def render_all(r, out_dir: Path) -> list[tuple[str, Path]]:
@@ -23,7 +28,8 @@ def render_all(r, out_dir: Path) -> list[tuple[str, Path]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     drawn = []
     for name, fn in (("loss_curves", loss_curves), ("acceptance_per_position", acceptance),
-                     ("speedup_vs_batch", speedup_vs_batch), ("quality_differences", quality_differences)):
+                     ("speedup_vs_batch", speedup_vs_batch), ("quality_differences", quality_differences),
+                     ("paired_differences", paired_differences)):
         path = out_dir / f"{name}.png"
         caption = fn(r, path)
         if caption:
@@ -49,7 +55,7 @@ def _smooth(values: list[float], alpha: float = 0.1) -> list[float]:
 
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": None})  # no version stamp: same data, same bytes
     plt.close(fig)
 
 
@@ -89,11 +95,9 @@ def loss_curves(r, path: Path) -> str | None:
 
 
 def acceptance(r, path: Path) -> str | None:
-    from mtp_cli.report import _spec_by_batch
-
     bars = {}
     for v in r.variants:
-        for bs, methods, _ in _spec_by_batch(r, v):
+        for bs, methods, _ in r.spec_by_batch(v):
             per_pos = (methods.get(results.MTP_METHOD) or {}).get("per_position_acceptance")
             if bs == 1 and per_pos:
                 bars[v] = per_pos
@@ -123,12 +127,10 @@ def acceptance(r, path: Path) -> str | None:
 
 
 def speedup_vs_batch(r, path: Path) -> str | None:
-    from mtp_cli.report import _spec_by_batch
-
     series = {}
     for v in r.variants:
         pts = []
-        for bs, methods, _ in _spec_by_batch(r, v):
+        for bs, methods, _ in r.spec_by_batch(v):
             mtp = methods.get(results.MTP_METHOD) or {}
             if mtp.get("speedup") is not None:
                 ci = mtp.get("speedup_ci95") or mtp.get("speedup_ci")
@@ -161,34 +163,82 @@ def speedup_vs_batch(r, path: Path) -> str | None:
 
 
 def quality_differences(r, path: Path) -> str | None:
-    from mtp_cli.report import difference
-
     base = r.baseline
     if base is None:
         return None
-    metrics = r.quality_metrics
     others = [v for v in r.variants if v != base]
+    deltas = {m: {v: compare.difference(r, v, m) for v in others} for m in r.quality_metrics}
+    metrics = [m for m in deltas if any(e is not None for e in deltas[m].values())]
     if not others or not metrics:
         return None
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.8), squeeze=False)
     colors = _colors(r.variants)
-    drawn = False
     for ax, m in zip(axes[0], metrics):
         scale = 100 if m.pct else 1
         for i, v in enumerate(others):
-            delta, lo, hi, _ = difference(r.rows(v), r.rows(base), m)
-            if delta is None:
+            e = deltas[m][v]
+            if e is None:
                 continue
-            drawn = True
-            yerr = [[(delta - lo) * scale], [(hi - delta) * scale]] if lo is not None else None
-            ax.errorbar([i], [delta * scale], yerr=yerr, fmt="o", capsize=4, color=colors[v])
+            yerr = [[(e.value - e.lo) * scale], [(e.hi - e.value) * scale]] if e.lo is not None else None
+            ax.errorbar([i], [e.value * scale], yerr=yerr, fmt="o", capsize=4, color=colors[v])
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xlim(-0.6, len(others) - 0.4)
         ax.set_xticks(range(len(others)))
         ax.set_xticklabels(others, rotation=30, ha="right", fontsize=8)
         ax.set_title(f"Δ {m.label}" + (" (points)" if m.pct else ""), fontsize=9)
-    if not drawn:
-        plt.close(fig)
-        return None
     _save(fig, path)
     return f"Quality difference to NTP ({base}) per variant, with 95% intervals (trunk only, modules discarded)"
+
+
+def paired_differences(r, path: Path) -> str | None:
+    """Per item: variant − NTP (seed means over the items every run scored), its mean with the hierarchical
+    interval, and the same for two NTP seeds (the noise floor) in grey."""
+    base = r.baseline
+    if base is None:
+        return None
+    panels = []
+    for m in r.quality_metrics:
+        base_items = r.item_runs(base, m)
+        if not base_items:
+            continue
+        columns = []
+        for v in r.variants:
+            v_items = r.item_runs(v, m) if v != base else None
+            if v_items:
+                columns.append((v, _per_item_delta(v_items, base_items), compare.difference(r, v, m)))
+        floor = compare.noise_floor(r, m)
+        pair = compare.noise_floor_seeds(r)
+        if pair and isinstance(floor, stats.Estimate):
+            a, b = base_items[pair[0]], base_items[pair[1]]
+            columns.append((f"noise floor\n{base} s{pair[1]}−s{pair[0]}", _per_item_delta({0: b}, {0: a}), floor))
+        if any(not name.startswith("noise floor") for name, _, _ in columns):
+            panels.append((m, columns, floor if isinstance(floor, str) else None))
+    if not panels:
+        return None
+    colors = _colors(r.variants)
+    jitter = np.random.default_rng(0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 4.2), squeeze=False)
+    for ax, (m, columns, floor_reason) in zip(axes[0], panels):
+        for i, (name, per_item, e) in enumerate(columns):
+            color = colors.get(name, "grey")
+            ax.scatter(i + jitter.uniform(-0.18, 0.18, len(per_item)), per_item, s=6, alpha=0.3, color=color, lw=0)
+            if e is not None and e.lo is not None:
+                ax.errorbar([i], [e.value], yerr=[[e.value - e.lo], [e.hi - e.value]], fmt="D", ms=6, capsize=5,
+                            color="black", mfc=color)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xticks(range(len(columns)))
+        ax.set_xticklabels([name for name, _, _ in columns], rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"Δ {m.label} per item vs {base}", fontsize=9)
+        if floor_reason:
+            ax.text(0.02, 0.02, f"noise floor: {floor_reason}", transform=ax.transAxes, fontsize=7, color="grey")
+    _save(fig, path)
+    return (f"Per-item difference to NTP ({base}): dots are items (problems, questions, held-out windows), ◆ the mean "
+            "with its 95% interval over seeds and items; grey: the same difference between two NTP seeds")
+
+
+def _per_item_delta(variant: dict, base: dict) -> np.ndarray:
+    """Per common item: mean over the variant's seeds − mean over the baseline's seeds."""
+    items = stats.common_items(variant, base)
+    v = np.mean([variant[s].reindex(items).to_numpy() for s in variant], axis=0)
+    b = np.mean([base[s].reindex(items).to_numpy() for s in base], axis=0)
+    return v - b

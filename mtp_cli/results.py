@@ -105,6 +105,25 @@ class RunFolder:
         return spec_batches(self.spec).get(batch_size, {})
 
 
+def spec_conditions(spec: dict) -> list[dict]:
+    """specbench.json's measured conditions (schema 2: `conditions`); a schema-1 file, which measured
+    one greedy condition at its top level, reads as that one condition (with no text statistics)."""
+    if isinstance(spec.get("conditions"), list):
+        return list(spec["conditions"])
+    if not spec.get("results"):
+        return []
+    prompts = spec.get("prompts") or {}
+    return [{"name": f"{prompts.get('source', 'prompts')}-greedy", "prompts": prompts, "temperature": 0.0,
+             "results": spec["results"], "summary": spec.get("summary") or {}, "skipped": spec.get("skipped") or {},
+             "text": {}}]
+
+
+def spec_primary(spec: dict) -> dict:
+    """The condition the headline specbench numbers come from (`primary`), else the first one."""
+    conditions = spec_conditions(spec)
+    return next((c for c in conditions if c.get("name") == spec.get("primary")), conditions[0] if conditions else {})
+
+
 def spec_batches(spec: dict) -> dict[int, dict]:
     """specbench.json's per-batch-size results as {batch size: {method: metrics}}."""
     return {int(bs): methods for bs, methods in (spec.get("results") or {}).items()}
@@ -211,6 +230,9 @@ COLUMNS: list[Column] = [
     Column("humaneval_pass1_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("humaneval"), "pass@1", 0)),
     Column("humaneval_pass1_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("humaneval"), "pass@1", 1)),
     Column("humaneval_n", "HumanEval problems scored", lambda r: r.eval_result("humaneval").get("n")),
+    Column("humaneval_gold_bpb", "bits/byte of HumanEval's canonical solutions given the prompt (trunk)", lambda r: r.eval_result("humaneval").get("gold_bpb")),
+    Column("humaneval_gold_bpb_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("humaneval"), "gold_bpb", 0)),
+    Column("humaneval_gold_bpb_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("humaneval"), "gold_bpb", 1)),
     Column("gsm8k_strict", "GSM8K exact match, strict-match", lambda r: r.eval_result("gsm8k").get(GSM8K_STRICT)),
     Column("gsm8k_strict_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_STRICT, 0)),
     Column("gsm8k_strict_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_STRICT, 1)),
@@ -218,8 +240,15 @@ COLUMNS: list[Column] = [
     Column("gsm8k_flexible_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 0)),
     Column("gsm8k_flexible_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 1)),
     Column("gsm8k_n", "GSM8K questions scored", lambda r: r.eval_result("gsm8k").get("n")),
+    Column("gsm8k_gold_bpb", "bits/byte of GSM8K's reference answers given the prompt (trunk)", lambda r: r.eval_result("gsm8k").get("gold_bpb")),
+    Column("gsm8k_gold_bpb_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), "gold_bpb", 0)),
+    Column("gsm8k_gold_bpb_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), "gold_bpb", 1)),
     Column("spec_lossless", "MTP speculative output identical to plain greedy on every prompt (bs=1)", _spec(1, MTP_METHOD, "lossless")),
     Column("spec_acceptance_rate", "accepted / drafted tokens (bs=1)", _spec(1, MTP_METHOD, "acceptance_rate")),
+    Column("spec_acceptance_rate_lo", "95% interval over prompts, lower end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 0)),
+    Column("spec_acceptance_rate_hi", "95% interval over prompts, upper end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 1)),
+    Column("spec_degenerate_share", "share of decoded outputs that are degenerate (primary condition)", lambda r: _get(spec_primary(r.spec), "text", "degenerate_share")),
+    Column("spec_whitespace_share", "share of decoded text that is whitespace (primary condition)", lambda r: _get(spec_primary(r.spec), "text", "whitespace_share")),
     Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)", _spec(1, MTP_METHOD, "mean_acceptance_length")),
     Column("spec_draft_len", "tokens drafted per step", lambda r: r.spec.get("draft_len")),
     Column("spec_speedup", "measured speedup over our plain greedy (bs=1, median of repeats)", _spec(1, MTP_METHOD, "speedup")),

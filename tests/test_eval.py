@@ -58,7 +58,7 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 def test_run_eval_writes_the_documented_json(tiny_runs, tmp_path):
     json_path = tmp_path / "out" / "eval.json"
     text = tmp_path / "text.txt"
-    text.write_text((REPO / "mtp_cli" / "evals" / "stats.py").read_text())
+    text.write_text((REPO / "mtp_cli" / "stats.py").read_text())
     doc = runner.run_eval(tiny_runs["sequential"], limit=2, gsm8k_data=GSM8K_DATA, text=text, json_path=json_path,
                           show_progress=False)
     assert json.loads(json_path.read_text())["results"] == json.loads(json.dumps(doc["results"]))

