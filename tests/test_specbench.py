@@ -27,16 +27,25 @@ SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptan
 mtp = cli_in_process
 
 
+def only(report: dict) -> dict:
+    """The one condition of a single-condition report."""
+    (condition,) = report["conditions"]
+    return condition
+
+
 def test_sequential_report(tiny_runs, tmp_path):
     report = run_specbench(tiny_runs["sequential"], limit=3, max_new_tokens=12, batch_sizes=(1, 2), repeats=2,
                            draft_len=3, draft_run=tiny_runs["ntp"], json_path=tmp_path / "s.json", show_progress=False)
     assert json.loads((tmp_path / "s.json").read_text()) == json.loads(json.dumps(report))
     assert report["draft_len"] == 3 and report["no_mtp_reason"] is None
-    assert set(report["results"]) == {"1", "2"}
-    assert set(report["results"]["1"]) == {"greedy", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
-    assert set(report["results"]["2"]) == {"greedy", "mtp", "hf_generate"}
-    assert set(report["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted"}
-    for methods in report["results"].values():
+    assert report["schema"] == 2 and report["primary"] == "humaneval-greedy"
+    cond = only(report)
+    assert cond["name"] == "humaneval-greedy" and cond["temperature"] == 0 and cond["prompts"]["count"] == 3
+    assert set(cond["results"]) == {"1", "2"}
+    assert set(cond["results"]["1"]) == {"greedy", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
+    assert set(cond["results"]["2"]) == {"greedy", "mtp", "hf_generate"}
+    assert set(cond["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted"}
+    for methods in cond["results"].values():
         for e in methods.values():
             assert all(k in e for k in KEYS)
             assert e["tokens_per_s"] > 0 and e["speedup"] > 0
@@ -48,13 +57,13 @@ def test_sequential_report(tiny_runs, tmp_path):
         assert m["acceptance_rate"] == pytest.approx(m["accepted"] / m["drafted"])
     params = report["params"]
     assert params["mtp_bytes"] == 4 * params["mtp"] and params["draft_bytes"] == 4 * params["draft_params"]
-    assert report["summary"]["1"]["mtp_lossless"] is True
+    assert cond["summary"]["1"]["mtp_lossless"] is True
 
 
 def test_parallel_report(tiny_runs, tmp_path):
     report = run_specbench(tiny_runs["parallel"], limit=2, max_new_tokens=10, repeats=1, json_path=tmp_path / "p.json",
                            show_progress=False)
-    m = report["results"]["1"]["mtp"]
+    m = only(report)["results"]["1"]["mtp"]
     assert report["draft_len"] == 2 and m["lossless"] and len(m["per_position_acceptance"]) == 2
 
 
@@ -63,7 +72,7 @@ def test_ntp_report_measures_baseline_and_peers_only(tiny_runs, tmp_path):
     shutil.copytree(tiny_runs["ntp"], run)
     report = run_specbench(run, limit=2, max_new_tokens=8, repeats=1, show_progress=False)
     assert (run / "specbench.json").is_file()  # the default place
-    assert set(report["results"]["1"]) == {"greedy", "hf_generate", "hf_prompt_lookup"}
+    assert set(only(report)["results"]["1"]) == {"greedy", "hf_generate", "hf_prompt_lookup"}
     assert "no MTP modules" in report["no_mtp_reason"] and report["draft_len"] is None
 
 
@@ -88,6 +97,10 @@ def _bad(tiny_runs, tmp_path):
     seq = tiny_runs["sequential"]
     return {
         "unknown prompt set": (["--prompts", "mbpp"], "unknown prompt set"),
+        "unknown prompt set among several": (["--prompts", "humaneval,mbpp"], "unknown prompt set"),
+        "negative temperature": (["--temperatures", "0,-1"], "temperatures must be finite numbers >= 0"),
+        "temperature not a number": (["--temperatures", "hot"], "--temperatures expects"),
+        "primary not measured": (["--primary", "heldout-greedy"], "primary condition 'heldout-greedy' is not measured"),
         "batch size 0": (["--batch-sizes", "1,0"], "batch sizes must be"),
         "batch sizes not numbers": (["--batch-sizes", "one"], "--batch-sizes expects"),
         "draft with another tokenizer": (["--draft", other], "another tokenizer"),
