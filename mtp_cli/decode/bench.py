@@ -506,7 +506,8 @@ def render_table(report: dict):
     if "draft_bytes" in params:
         notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
     tables = [_condition_table(report, c) for c in report["conditions"]]
-    tables[-1].caption = "; ".join(notes) or None
+    if notes:
+        tables[-1].caption += "\n" + "; ".join(notes)
     return Group(*tables)
 
 
@@ -518,8 +519,10 @@ def _condition_table(report: dict, condition: dict):
     primary = " (primary)" if condition["name"] == report["primary"] else ""
     table = Table(title=f"specbench {report['run']} {condition['name']}{primary}: {p['source']} x{p['count']}, "
                         f"T={condition['temperature']:g}, {report['max_new_tokens']} new tokens, median of "
-                        f"{report['repeats']}; reference text {_fmt(text.get('degenerate_share'), '{:.0%}')} in loops, "
-                        f"{_fmt(text.get('whitespace_share'), '{:.0%}')} blank",
+                        f"{report['repeats']}",
+                  caption=f"text timed ({condition['baseline']}, batch size {report['batch_sizes'][0]}): "
+                          f"{_fmt(text.get('degenerate_share'), '{:.0%}')} of tokens in repetition loops, "
+                          f"{_fmt(text.get('whitespace_share'), '{:.0%}')} of outputs blank",
                   box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), collapse_padding=True)
     for col in ("bs", "method", "tok/s", "speedup [95%]", "ideal", "acc [95%]", "degen", "MAL", "TTFT ms", "TPOT ms",
                 "exact"):
