@@ -81,9 +81,13 @@ def test_ntp_report_measures_baseline_and_peers_only(tiny_runs, tmp_path):
 
 def test_cli_prints_a_table_and_writes_json(tiny_runs, tmp_path, capsys):
     code, out, err = mtp("specbench", tiny_runs["sequential"], "--limit", 2, "--max-new-tokens", 8, "--repeats", 1,
-                         "--batch-sizes", "1,2", "--json", tmp_path / "r.json", capsys=capsys)
+                         "--batch-sizes", "1,2", "--temperatures", "0,0.8", "--primary", "humaneval-t0.8",
+                         "--json", tmp_path / "r.json", capsys=capsys)
     assert code == 0, err
-    assert "mtp" in out and "hf_generate" in out and (tmp_path / "r.json").is_file()
+    assert "mtp" in out and "hf_generate" in out and "(primary)" in out and "repetition" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["primary"] == "humaneval-t0.8" and [c["name"] for c in report["conditions"]] == [
+        "humaneval-greedy", "humaneval-t0.8"]
 
 
 def _bad(tiny_runs, tmp_path):
