@@ -151,7 +151,12 @@ def generate(
 @app.command()
 def specbench(
     run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
-    prompts: str = typer.Option("humaneval", help="humaneval | gsm8k | a file (one prompt per line, or JSONL with \"prompt\")."),
+    prompts: str = typer.Option("humaneval", help="Comma-separated prompt sources: humaneval | gsm8k | heldout (the run's "
+                                                  "validation split) | a file (one prompt per line, or JSONL with \"prompt\")."),
+    temperatures: str = typer.Option("0", help="Comma-separated temperatures, e.g. 0,0.8 (> 0: speculative sampling); "
+                                               "every prompt source is measured at each."),
+    primary: Optional[str] = typer.Option(None, help="The condition the headline comes from, e.g. heldout-greedy "
+                                                      "(default: the first)."),
     limit: int = typer.Option(20, help="First N prompts (0 = all)."),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per prompt (fewer at EOS)."),
     batch_sizes: str = typer.Option("1", help="Comma-separated batch sizes, e.g. 1,4,16."),
@@ -163,12 +168,14 @@ def specbench(
     threads: Optional[int] = typer.Option(None, help="torch CPU threads during the benchmark (default: torch's)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
 ) -> None:
-    """End-to-end latency: plain greedy vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers."""
+    """End-to-end latency: plain decoding vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers,
+    with the share of the timed text that is a repetition loop."""
     from mtp_cli.decode.bench import JSON_NAME, render_table, run_specbench
 
     report = run_specbench(run, prompts=prompts, limit=limit or None, max_new_tokens=max_new_tokens,
                            batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
-                           draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads)
+                           draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads,
+                           temperatures=_float_list(temperatures, "--temperatures"), primary=primary)
     ui.out.print(render_table(report))
     if report["no_mtp_reason"]:
         ui.out.print(f"no MTP row: {report['no_mtp_reason']}", markup=False)
@@ -208,6 +215,16 @@ def report(results_dir: Path = typer.Argument(..., help="An ablation's results f
 
     path = reporting.render_report(results_dir, console=ui.out)
     ui.out.print(f"report written to {path}")
+
+
+def _float_list(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{flag} expects comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{flag} is empty")
+    return values
 
 
 def _int_list(text: str, flag: str) -> list[int]:

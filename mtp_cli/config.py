@@ -226,7 +226,9 @@ class SpecbenchConfig:
     """`mtp ablate`'s specbench stage: MTP self-speculative decoding against plain greedy and peers."""
 
     enabled: bool = True
-    prompts: str = "humaneval"  # humaneval | gsm8k | a prompt file
+    prompts: str | list[str] = "humaneval"  # one or more of humaneval | gsm8k | heldout | a prompt file
+    temperatures: list[float] = field(default_factory=lambda: [0.0])  # each source is measured at each
+    primary: str | None = None  # the headline condition, e.g. "heldout-greedy" (default: the first)
     limit: int = 20
     max_new_tokens: int = 128
     batch_sizes: list[int] = field(default_factory=lambda: [1])
@@ -241,6 +243,9 @@ class SpecbenchConfig:
             raise UserError(f"specbench.batch_sizes must be a non-empty list of sizes >= 1, got {self.batch_sizes}")
         if self.draft_len is not None and self.draft_len < 1:
             raise UserError(f"specbench.draft_len must be >= 1, got {self.draft_len}")
+        from mtp_cli.decode.conditions import plan_conditions  # the one place conditions and their names are made
+
+        plan_conditions(self.prompts, self.temperatures, self.primary)
 
 
 @dataclass

