@@ -19,42 +19,7 @@ from rich.console import Console
 
 from mtp_cli import claims, plots, results
 from mtp_cli.errors import UserError
-
-
-# ---- one table, two renderings ----------------------------------------------------------------------
-@dataclass
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    notes: list[str] = field(default_factory=list)
-    empty: str = "nothing stored yet."
-
-    def markdown(self) -> str:
-        esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-        if not self.rows:
-            return f"**{self.title}**: {self.empty}\n"
-        lines = [f"**{self.title}**", "", "| " + " | ".join(map(esc, self.columns)) + " |",
-                 "|" + "|".join("---" for _ in self.columns) + "|"]
-        lines += ["| " + " | ".join(map(esc, row)) + " |" for row in self.rows]
-        lines += [""] + [f"- {note}" for note in self.notes]
-        return "\n".join(lines).rstrip() + "\n"
-
-    def rich(self):
-        from rich.markup import escape
-        from rich.table import Table as RichTable
-        from rich.text import Text
-
-        if not self.rows:
-            return Text(f"{self.title}: {self.empty}")
-        table = RichTable(title=escape(self.title), title_justify="left",
-                          caption=escape("\n".join(self.notes)) or None, caption_justify="left")
-        for i, col in enumerate(self.columns):
-            numeric = i > 0 and self.rows and all(_numeric(row[i]) for row in self.rows)
-            table.add_column(escape(col), justify="right" if numeric else "left", overflow="fold")
-        for row in self.rows:
-            table.add_row(*map(escape, row))
-        return table
+from mtp_cli.tables import Table
 
 
 @dataclass
@@ -455,7 +420,7 @@ def claims_section(r: Results) -> Section:
     notes = [f"ours: {ours_cond}", "published numbers are at 10⁹–10¹¹ parameters and 10¹¹–10¹² tokens; "
              "ours are orders of magnitude smaller — compare directions and conditions, not values",
              f"{claims.TUTORIAL_LABEL}: {claims.TUTORIAL} — no paper supports these; not a reference"]
-    return Section("Claims vs measured", "Published numbers (../shared/CLAIMS.md) beside ours, each with its conditions.", [
+    return Section("Claims vs measured", "Published numbers (docs/CLAIMS.md) beside ours, each with its conditions.", [
         Table("Training evidence: published vs ours (modules discarded)",
               ["source", "metric", "published", "conditions", "ours (vs NTP)"], train_rows, notes[:2]),
         Table("Inference evidence: published vs ours (modules kept as drafters)",
@@ -563,10 +528,6 @@ def render_report(results_dir: str | Path, console: Console | None = None) -> Pa
 
 
 # ---- formatting helpers ----------------------------------------------------------------------------------
-def _numeric(text: str) -> bool:
-    return str(text)[:1] in set("0123456789+-–−.")
-
-
 def _mean(values) -> float | None:
     nums = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
     return sum(nums) / len(nums) if nums else None

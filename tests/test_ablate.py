@@ -248,7 +248,7 @@ def test_shipped_recipes_load_and_plan(tmp_path):
     runs = {v.name: quick.for_run(v, 0) for v in quick.variants}
     assert runs["parallel-n4"].mtp.heads == 4 and runs["parallel-n4"].mtp.compute_matched
     assert runs["seq-d1"].mtp.depth == 1 and runs["seq-d1"].mtp.weight == 0.3
-    assert ablate.gsm8k_data(quick) == (REPO.parent / "shared" / "data" / "gsm8k").resolve()
+    assert ablate.gsm8k_data(quick) == REPO / "data" / "gsm8k"
 
 
 def test_a_crashing_stage_costs_only_its_own_run(tiny_ablation, tmp_path, monkeypatch, capsys):

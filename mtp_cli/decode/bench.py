@@ -396,30 +396,30 @@ def _headline(results: dict) -> dict:
 
 
 def render_table(report: dict):
-    """The report as a Rich table: one row per batch size and method; "exact" says whether its output equals
+    """The report as a table: one row per batch size and method; "exact" says whether its output equals
     plain greedy's on every prompt (else how many). Latency and the other intervals are in the JSON."""
-    from rich import box
-    from rich.table import Table
+    from mtp_cli.tables import Table
 
     p = report["prompts"]
-    table = Table(title=f"specbench {report['run']}: {p['source']} x{p['count']}, {report['max_new_tokens']} new tokens, "
-                        f"median of {report['repeats']}", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), collapse_padding=True)
-    for col in ("bs", "method", "tok/s", "speedup [95%]", "ideal", "acc", "MAL", "TTFT ms", "TPOT ms", "exact"):
-        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col in ("method", "speedup [95%]"))
+    rows = []
     for bs, methods in report["results"].items():
         for name, e in methods.items():
             lo, hi = e["speedup_ci"]
-            table.add_row(
-                bs, name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
+            rows.append([
+                str(bs), name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
                 _fmt(e.get("ideal_speedup"), "{:.2f}"), _fmt(e.get("acceptance_rate"), "{:.0%}"),
                 _fmt(e.get("mean_acceptance_length"), "{:.2f}"), f"{e['ttft_s'] * 1e3:.1f}", f"{e['tpot_s'] * 1e3:.2f}",
-                "yes" if e["lossless"] else f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}")
+                "yes" if e["lossless"] else f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}"])
     params = report["params"]
     notes = [f"MTP modules: {params['mtp_bytes'] / 1e6:.2f} MB of extra weights"] if params["mtp"] else []
     if "draft_bytes" in params:
         notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
-    table.caption = "; ".join(notes) or None
-    return table
+    return Table(f"specbench {report['run']}: {p['source']} x{p['count']}, {report['max_new_tokens']} new tokens, "
+                 f"median of {report['repeats']}",
+                 ["batch size", "method", "tokens/s", "speedup [95%]", "ideal speedup", "acceptance", "MAL",
+                  "TTFT ms", "TPOT ms", "identical to greedy"], rows, notes,
+                 short={"batch size": "bs", "tokens/s": "tok/s", "ideal speedup": "ideal", "acceptance": "acc",
+                        "identical to greedy": "exact"})
 
 
 def _fmt(value, fmt: str) -> str:
