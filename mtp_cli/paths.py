@@ -2,8 +2,8 @@
 
 GSM8K (MIT, `data/gsm8k/`) is read by `mtp eval`, `mtp ablate` and `mtp specbench --prompts gsm8k`.
 One rule for all three, so a clone works from any current directory: `--gsm8k-data DIR`, else the
-environment variable MTP_GSM8K_DATA, else the recipe's `eval.gsm8k_data` (relative to the repository),
-else the shipped copy. The word `hub` (or an empty recipe value) asks for lm-eval's stock online task.
+environment variable MTP_GSM8K_DATA (both relative to the current folder), else the recipe's
+`eval.gsm8k_data` (relative to the repository), else the shipped copy. The word `hub` (or an empty recipe value) asks for lm-eval's stock online task.
 """
 
 from __future__ import annotations
@@ -20,20 +20,15 @@ HUB = "hub"
 
 def gsm8k_data(flag: str | Path | None = None, recipe_value: str | None = None) -> Path | None:
     """The GSM8K folder to use (absolute), or None for the stock task on the Hugging Face hub."""
-    for value in (flag, os.environ.get(GSM8K_ENV) or None, recipe_value):
+    for value, base in ((flag, Path.cwd()), (os.environ.get(GSM8K_ENV) or None, Path.cwd()), (recipe_value, REPO)):
         if value is None:
             continue
         text = str(value).strip()
         if text in ("", HUB):
             return None
-        return in_repo(text)
+        path = Path(text).expanduser()
+        return path if path.is_absolute() else (base / path).resolve()
     return REPO / GSM8K_BUNDLED
-
-
-def in_repo(path: str | Path) -> Path:
-    """A recipe's relative path means the repository's, not the current directory's."""
-    path = Path(path).expanduser()
-    return path if path.is_absolute() else (REPO / path).resolve()
 
 
 def shown(path: str | Path) -> str:

@@ -299,7 +299,7 @@ def test_bad_input_found_inside_the_training_process_is_one_line_exit_2(tmp_path
 
 
 def test_committed_results_without_checkpoints_or_exports_need_nothing(tiny_ablation, tmp_path):
-    """What a fresh clone has (.gitignore drops checkpoints and exports): `make report` must only re-render."""
+    """What a fresh clone has (.gitignore drops checkpoints and exports): `mtp ablate` on it redoes nothing."""
     shutil.copytree(tiny_ablation, tmp_path / "res" / tiny_ablation.name,
                     ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
     ab = ablate.plan(results.read_lock(tiny_ablation)["source"], results_root=tmp_path / "res")

@@ -149,3 +149,29 @@ def test_tables_are_markdown_when_not_printed_to_a_terminal():
     Console(file=buf, width=40, soft_wrap=True).print(WIDE)
     assert buf.getvalue().strip() == WIDE.markdown().strip()
     assert "| variant | batch size | tokens per second |" in buf.getvalue()
+
+
+def _check_readme():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_readme", REPO / "scripts" / "check_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_starts_with_the_two_commands_and_every_mtp_command_in_it_parses(tmp_path, capsys):
+    check = _check_readme()
+    lines = check.commands(REPO / "README.md")
+    assert lines[:2] == ["make report", "make test"]
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+    assert check.main(["--parse"]) == 0
+    bad = tmp_path / "README.md"
+    bad.write_text("```bash\nmtp train --no-such-flag 3\n```\n")
+    with pytest.raises(SystemExit, match="unknown option --no-such-flag"):
+        check.main(["--parse", "--readme", str(bad)])
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_at_tiny_scale():
+    assert _check_readme().main([]) == 0
