@@ -166,12 +166,9 @@ def specbench(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
 ) -> None:
     """End-to-end latency: plain greedy vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers."""
-    from mtp_cli import paths
     from mtp_cli.decode.bench import JSON_NAME, render_table, run_specbench
 
-    _use_threads(threads)
-    if prompts == "gsm8k":
-        gsm8k_data = paths.gsm8k_data(gsm8k_data)
+    _use_threads(threads)  # --gsm8k-data is resolved where the prompts are read (mtp_cli/decode/prompts.py)
     report = run_specbench(run, prompts=prompts, limit=limit or None, max_new_tokens=max_new_tokens,
                            batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
                            draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads)

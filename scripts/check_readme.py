@@ -41,8 +41,8 @@ def commands(readme: Path) -> list[str]:
     """The README's shell lines, continuations joined and comments dropped."""
     lines, block = [], None
     for raw in readme.read_text().splitlines():
-        if raw.startswith("```"):
-            block = raw[3:].strip() if block is None else None
+        if raw.lstrip().startswith("```"):  # fences indented under a list item count too
+            block = raw.lstrip()[3:].strip() if block is None else None
             continue
         if block in ("bash", "sh", "shell", "console"):
             lines.append(raw)
