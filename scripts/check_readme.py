@@ -68,10 +68,10 @@ def tiny_recipe(name: str, folder: Path) -> Path:
     data["eval"] = {**data.get("eval", {}), "limits": {"humaneval": 1, "gsm8k": 1, "heldout": 2}}
     data["specbench"] = {**data.get("specbench", {}), "limit": 1, "max_new_tokens": 4, "batch_sizes": [1],
                          "repeats": 1}
-    for v in data.get("variants", []):
-        v.pop("model", None) if set(v.get("model", {})) - {"n_layers"} else None
-        v.pop("train", None)
-        v.pop("data", None)
+    data["variants"] = [{k: x for k, x in v.items() if k in ("name", "description", "mtp")}  # sizes stay tiny
+                        for v in data.get("variants", [])]
+    if not data["variants"]:
+        del data["variants"]
     path = folder / "recipes" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_toml(data))
