@@ -146,7 +146,9 @@ def run_line(line: str, scratch: Path, env: dict, parse_only: bool) -> str:
         return _make(words[1:], scratch, env)
     script = next((w for w in words if w.startswith("scripts/") and w.endswith(".py")), None)
     if script:
-        return _run([python, str(REPO / script), "--help"], scratch, env)
+        if not (REPO / script).is_file():
+            raise SystemExit(f"README: {script}: no such script")
+        return "exists" if parse_only else _run([python, str(REPO / script), "--help"], scratch, env)
     return "skipped (not an mtp, make or torchrun command)"
 
 
