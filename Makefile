@@ -1,11 +1,15 @@
-# Two entry points for a new user: `make test` and `make report`. Each installs what it needs.
+# Two entry points for a new user: `make report` (the main job) and `make test`. Each installs what it needs.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MTP := $(VENV)/bin/mtp
 RECIPE ?= quick
+# `make report` writes here (ignored by git), so a clone's committed results/ stay as they are.
+OUT ?= runs/results
+RESULTS ?= results
+NAME = $(basename $(notdir $(RECIPE)))
 
-.PHONY: install test test-slow ablate plan report bench clean
+.PHONY: install test test-slow check-readme report render plan bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,16 +26,22 @@ test: $(VENV)/.installed
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow
 
-# The main job: results/$(RECIPE)/REPORT.md. `mtp ablate` does only what results/$(RECIPE) still lacks
-# (everything on a fresh clone without results, nothing when they are complete), then the report is rendered.
-report: ablate
-	$(MTP) report results/$(RECIPE)
+# Before a release: every command in README.md, at tiny scale.
+check-readme: $(VENV)/.installed
+	$(PY) scripts/check_readme.py
 
-ablate: $(VENV)/.installed
-	$(MTP) ablate --recipe $(RECIPE)
+# The main job: train, export, evaluate and benchmark every variant of $(RECIPE), then render
+# $(OUT)/$(RECIPE)/REPORT.md. Resumable: run it again and only what is missing is done.
+report: $(VENV)/.installed
+	$(MTP) ablate --recipe $(RECIPE) --results-root $(OUT)
+	$(MTP) report $(OUT)/$(NAME)
+
+# Re-render the committed results/$(RECIPE) (trains nothing).
+render: $(VENV)/.installed
+	$(MTP) report $(RESULTS)/$(NAME)
 
 plan: $(VENV)/.installed
-	$(MTP) ablate --recipe $(RECIPE) --dry-run
+	$(MTP) ablate --recipe $(RECIPE) --results-root $(OUT) --dry-run
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench_train.py

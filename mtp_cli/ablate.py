@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mtp_cli import env, results, ui
+from mtp_cli import env, paths, results, ui
 from mtp_cli.checkpoint import write_json
 from mtp_cli.config import Recipe, Variant, load_recipe, resolve_recipe_path
 from mtp_cli.errors import UserError
@@ -36,6 +36,7 @@ class Cell:
     recipe: Recipe
     run_dir: Path
     pending: list[str] = field(default_factory=list)
+    gsm8k: Path | None = None  # the eval/specbench GSM8K folder (None: the hub), resolved once for the grid
 
     @property
     def name(self) -> str:
@@ -54,7 +55,7 @@ class Ablation:
 
 
 def plan(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,
-         results_root: str | Path = "results") -> Ablation:
+         results_root: str | Path = "results", gsm8k: str | Path | None = None) -> Ablation:
     """The grid, each cell with the stages it still needs; reads the results folder, writes nothing."""
     source = resolve_recipe_path(recipe_path)
     recipe = load_recipe(source)
@@ -77,37 +78,43 @@ def plan(recipe_path: str | Path, only: str | list[str] | None = None, seeds: li
             run_recipe = recipe.for_run(v, seed)
             run_dir = results_dir / results.RUNS / results.run_name(v.name, seed)
             cells.append(Cell(v, seed, run_recipe, run_dir,
-                              results.pending_stages(results.RunFolder(run_dir), run_recipe)))
+                              results.pending_stages(results.RunFolder(run_dir), run_recipe),
+                              paths.gsm8k_data(gsm8k, run_recipe.eval.gsm8k_data)))
     return Ablation(recipe, source, results_dir, cells, fingerprint(source))
 
 
 def fingerprint(source: Path) -> str:
     """The recipe version: a hash of the TOML as written (parsed, so comments and layout do not count,
     and without `description`). Defaults are not in it, so a new option in the code does not orphan
-    stored results; what changed in the code is in each run's git commit."""
+    stored results; what changed in the code is in each run's git commit. Nor is `eval.gsm8k_data`:
+    where the data lives is not what the recipe is."""
     data = tomllib.loads(source.read_text())
     data.setdefault("name", source.stem)
     data.pop("description", None)
+    if isinstance(data.get("eval"), dict):
+        data["eval"].pop("gsm8k_data", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,
                  dry_run: bool = False, force: bool = False, results_root: str | Path = "results",
-                 show_progress: bool = True) -> Ablation:
-    """Run (or with dry_run only plan) the grid; returns the plan, with `summary` set after a real run."""
-    ab = plan(recipe_path, only, seeds, results_root)
+                 show_progress: bool = True, gsm8k_data: str | Path | None = None) -> Ablation:
+    """Run (or with dry_run only plan) the grid; returns the plan, with `summary` set after a real run.
+    A dry run checks what the real run checks first (recipe, lock, output folder, GSM8K, prompts)."""
+    ab = plan(recipe_path, only, seeds, results_root, gsm8k_data)
     stale = check_lock(ab, force)
+    _check_output_folder(ab.results_dir)
+    _preflight_eval(ab)
     if dry_run:
         return ab
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    _preflight_eval(ab)
     if stale:
         if world > 1:  # every rank must see the same folder: discard it in one process first
             raise UserError(f"--force under torchrun: discard {ab.results_dir} first (remove it, or run "
                             f"`mtp ablate --recipe {ab.source} --force` without torchrun)")
         discard(ab.results_dir)
-        ab = plan(recipe_path, only, seeds, results_root)
+        ab = plan(recipe_path, only, seeds, results_root, gsm8k_data)
     write_lock(ab)
     stages = ("train",) if world > 1 else results.STAGES
     if world > 1 and rank == 0:
@@ -313,7 +320,7 @@ def _eval(cell: Cell, view: GridView) -> None:
 
     cfg = cell.recipe.eval
     run_eval(cell.run_dir, tasks=tuple(cfg.tasks), limit={t: cfg.limit(t) or 0 for t in cfg.tasks},
-             gsm8k_data=gsm8k_data(cell.recipe), json_path=cell.run_dir / results.EVAL_JSON,
+             gsm8k_data=cell.gsm8k, json_path=cell.run_dir / results.EVAL_JSON,
              show_progress=view.show_nested)
 
 
@@ -324,28 +331,43 @@ def _specbench(cell: Cell, view: GridView) -> None:
     run_specbench(cell.run_dir, prompts=cfg.prompts, limit=cfg.limit, max_new_tokens=cfg.max_new_tokens,
                   batch_sizes=tuple(cfg.batch_sizes), repeats=cfg.repeats, draft_len=cfg.draft_len,
                   json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested,
-                  gsm8k_data=gsm8k_data(cell.recipe), temperatures=tuple(cfg.temperatures), primary=cfg.primary)
+                  gsm8k_data=cell.gsm8k, temperatures=tuple(cfg.temperatures), primary=cfg.primary)
 
 
 STAGE_FUNCS = {"train": _train, "export": _export, "eval": _eval, "specbench": _specbench}
 
 
 def _preflight_eval(ab: Ablation) -> None:
-    """Before any training: the eval stage's GSM8K data must be there (not found out after the training)."""
+    """Before any training: the eval stage's GSM8K data and specbench's prompts must be there (not found
+    out after the training)."""
+    from mtp_cli.decode.prompts import load_prompts
     from mtp_cli.evals import gsm8k
 
+    checked = set()
     for cell in ab.cells:
-        if "eval" in cell.pending and "gsm8k" in cell.recipe.eval.tasks:
-            gsm8k.preflight(gsm8k_data(cell.recipe))
-            return
+        if "eval" in cell.pending and "gsm8k" in cell.recipe.eval.tasks and ("gsm8k", cell.gsm8k) not in checked:
+            gsm8k.preflight(cell.gsm8k)
+            checked.add(("gsm8k", cell.gsm8k))
+        spec = cell.recipe.specbench
+        if "specbench" in cell.pending and (spec.prompts, cell.gsm8k) not in checked:
+            load_prompts(spec.prompts, spec.limit, cell.gsm8k)
+            checked.add((spec.prompts, cell.gsm8k))
+
+
+def _check_output_folder(results_dir: Path) -> None:
+    """The results folder must be creatable and writable (checked before a dry run returns, too)."""
+    existing = results_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"cannot write results to {results_dir}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write results to {results_dir}: {existing} is not writable")
 
 
 def gsm8k_data(recipe: Recipe) -> Path | None:
-    """The recipe's offline GSM8K folder (relative paths resolve against the repository), or None."""
-    if not recipe.eval.gsm8k_data:
-        return None
-    path = Path(recipe.eval.gsm8k_data).expanduser()
-    return path if path.is_absolute() else (env.REPO / path).resolve()
+    """The recipe's GSM8K folder as `mtp ablate` resolves it without --gsm8k-data, or None for the hub."""
+    return paths.gsm8k_data(None, recipe.eval.gsm8k_data)
 
 
 # ---- the lock: one results folder, one recipe version -------------------------------------------------
@@ -408,36 +430,31 @@ def _now() -> str:
 
 # ---- the plan, for --dry-run ------------------------------------------------------------------------
 def plan_table(ab: Ablation):
-    """A Rich table: every cell, the stages it still needs, and what they should cost."""
-    from rich.table import Table
-
+    """A table: every cell, the stages it still needs, and what they should cost."""
     from mtp_cli.cost import Estimator
+    from mtp_cli.tables import Table
 
     est = Estimator(ab.results_dir, ab.recipe)
-    table = Table(title=f"mtp ablate {ab.recipe.name} → {ab.results_dir} (recipe {ab.fingerprint})",
-                  caption="≈ estimates; measured times replace them as runs finish")
-    for col, justify in (("run", "left"), ("objective", "left"), ("to do", "left"), ("≈ time", "right"),
-                         ("basis", "left")):
-        table.add_column(col, justify=justify)
+    rows = []
     total, unknown = 0.0, 0
     for cell in ab.cells:
         m = cell.recipe.mtp
         what = {"ntp": "ntp", "sequential": f"sequential D={m.depth} λ={m.weight:g} {m.mtp_input}",
                 "parallel": f"parallel n={m.heads} λ={m.weight:g}"}[m.objective]
         if not cell.pending:
-            table.add_row(cell.name, what, "[green]done[/green]", "-", "")
+            rows.append([cell.name, what, "done", "-", ""])
             continue
         for i, stage in enumerate(cell.pending):
             e = est.stage(cell, stage)
             total += e.seconds or 0.0
             unknown += e.seconds is None
-            table.add_row(cell.name if i == 0 else "", what if i == 0 else "", stage,
-                          _duration(e.seconds), e.basis)
+            rows.append([cell.name if i == 0 else "", what if i == 0 else "", stage, _duration(e.seconds), e.basis])
     more = f" + {unknown} stage(s) not yet measured" if unknown else ""
-    table.add_section()
-    table.add_row("total", f"{len(ab.cells)} runs", f"{sum(len(c.pending) for c in ab.cells)} stages",
-                  _duration(total) + (" + ?" if unknown else ""), more.strip())
-    return table
+    rows.append(["total", f"{len(ab.cells)} runs", f"{sum(len(c.pending) for c in ab.cells)} stages",
+                 _duration(total) + (" + ?" if unknown else ""), more.strip()])
+    return Table(f"mtp ablate {ab.recipe.name} → {ab.results_dir} (recipe {ab.fingerprint})",
+                 ["run", "objective", "to do", "≈ time", "basis"], rows,
+                 ["≈ estimates; measured times replace them as runs finish"])
 
 
 def _duration(seconds: float | None) -> str:

@@ -1,4 +1,4 @@
-"""Published MTP numbers with their conditions (transcribed from ../shared/CLAIMS.md), for the report's
+"""Published MTP numbers with their conditions (transcribed from docs/CLAIMS.md), for the report's
 "claims vs measured" tables. Training evidence (quality, modules discarded) and inference evidence
 (speed, modules kept) are kept apart, and every number travels with its model size, tokens, batch
 size and hardware.

@@ -11,6 +11,10 @@ import typer
 from mtp_cli import ui
 from mtp_cli.errors import UserError
 
+# Decoding one sequence is many small ops: a second OpenMP thread gains little on idle cores and, when another
+# process holds a core, makes every op wait at a barrier (measured: README, "Threads").
+DECODE_THREADS = 1
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train NTP vs multi-token-prediction models, evaluate the trunk, benchmark MTP drafting.")
 
@@ -41,12 +45,14 @@ def train(
     out: Optional[Path] = typer.Option(None, help="Run folder (default: runs/<recipe>-<objective>-...-s<seed>)."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint, with its own recipe."),
     force: bool = typer.Option(False, help="Overwrite the run in --out."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's, one per core)."),
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
     from mtp_cli import checkpoint as ckpt
     from mtp_cli import train as trainer
     from mtp_cli.config import load_recipe, objective_from_flags
 
+    _use_threads(threads)
     if resume and out is not None and recipe is None:
         r = ckpt.recipe_of_run(out)
     else:
@@ -68,30 +74,26 @@ def train(
 
 
 def _train_table(summary: dict):
-    from rich.table import Table
+    from mtp_cli.tables import Table
 
-    table = Table(title=f"{summary['run']} — {summary['note']}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in summary["final"].items():
-        if key not in ("kind", "step"):
-            table.add_row(key, f"{value:.4f}")
+    rows = [[key, f"{value:.4f}"] for key, value in summary["final"].items() if key not in ("kind", "step")]
     thr = summary["throughput"]
-    table.add_row("tokens/s (median)", f"{thr['tokens_per_s_median']:,.0f}" if thr["tokens_per_s_median"] else "-")
-    table.add_row("MFU (median)", f"{thr['mfu_median']:.1%}" if thr["mfu_median"] else "-")
-    table.add_row("params trunk / MTP", f"{summary['params']['trunk']:,} / {summary['params']['mtp']:,}")
-    return table
+    rows.append(["tokens/s (median)", f"{thr['tokens_per_s_median']:,.0f}" if thr["tokens_per_s_median"] else "-"])
+    rows.append(["MFU (median)", f"{thr['mfu_median']:.1%}" if thr["mfu_median"] else "-"])
+    rows.append(["params trunk / MTP", f"{summary['params']['trunk']:,} / {summary['params']['mtp']:,}"])
+    return Table(f"{summary['run']} — {summary['note']}", ["metric", "value"], rows)
 
 
 @app.command()
 def export(
     run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
-    out: Path = typer.Option(..., help="Folder for the Hugging Face checkpoint (replaced if it exists)."),
+    out: Optional[Path] = typer.Option(None, help="Folder for the Hugging Face checkpoint, replaced if it exists "
+                                       "[default: RUN/export]."),
 ) -> None:
     """Write the trunk alone (MTP modules discarded) as a Hugging Face LlamaForCausalLM checkpoint."""
     from mtp_cli.model.hf import export_run
 
-    path = export_run(run, out)
+    path = export_run(run, out or run / "export")
     ui.out.print(f"exported {run} -> {path} (load with transformers.AutoModelForCausalLM.from_pretrained)", markup=False)
 
 
@@ -100,23 +102,20 @@ def eval_(
     run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
     tasks: str = typer.Option("humaneval,gsm8k,heldout", help="Comma-separated: humaneval, gsm8k, heldout."),
     limit: Optional[int] = typer.Option(None, help="First N problems / documents / validation windows of each task (0 = all)."),
-    gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl (offline); default: the hub."),
+    gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl, or `hub` for the "
+                                              "stock online task [default: $MTP_GSM8K_DATA, else the repository's data/gsm8k]."),
     samples: int = typer.Option(1, help="HumanEval completions per problem (pass@k for k <= n)."),
     temperature: float = typer.Option(0.0, help="HumanEval sampling temperature (0 = greedy; > 0 needs it for --samples > 1)."),
     text: Optional[Path] = typer.Option(None, help="Also report held-out loss and bits per byte on this text file."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/eval.json)."),
-    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's; 1 is fastest for small models on busy cores)."),
+    threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
-    import torch
-
+    from mtp_cli import paths
     from mtp_cli.evals.runner import results_table, run_eval
 
-    if threads is not None:
-        if threads < 1:
-            raise UserError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    doc = run_eval(run, tasks, limit=limit, gsm8k_data=gsm8k_data, samples=samples, temperature=temperature,
+    _use_threads(threads)
+    doc = run_eval(run, tasks, limit=limit, gsm8k_data=paths.gsm8k_data(gsm8k_data), samples=samples, temperature=temperature,
                    text=text, json_path=json_path)
     ui.out.print(results_table(doc))
     ui.out.print(f"results written to {doc['json_path']}", markup=False)
@@ -133,10 +132,12 @@ def generate(
     speculative: bool = typer.Option(False, "--speculative", help="Let the run's MTP modules draft and the trunk verify "
                                                                    "(greedy: the same text; sampling: the same distribution)."),
     draft_len: Optional[int] = typer.Option(None, help="Drafts per step with --speculative (default: one per module/head)."),
+    threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
 ) -> None:
     """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
     from mtp_cli.decode.batching import complete
 
+    _use_threads(threads)
     result = complete(run, prompt, max_new_tokens, temperature, top_p, seed, speculative=speculative,
                       draft_len=draft_len)
     ui.out.print(prompt + result["text"], markup=False, highlight=False)
@@ -164,14 +165,16 @@ def specbench(
     draft_len: Optional[int] = typer.Option(None, help="Drafts per step (default: one per MTP module/head; sequential "
                                                        "modules can draft further by reusing the last one)."),
     draft: Optional[Path] = typer.Option(None, help="A smaller NTP run with the same tokenizer: adds HF assisted generation with it as the draft model."),
-    gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K test.jsonl for --prompts gsm8k (or set MTP_GSM8K_DATA)."),
-    threads: Optional[int] = typer.Option(None, help="torch CPU threads during the benchmark (default: torch's)."),
+    gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K test.jsonl for --prompts gsm8k "
+                                              "[default: $MTP_GSM8K_DATA, else the repository's data/gsm8k]."),
+    threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads during the benchmark (1: fastest on busy cores)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
 ) -> None:
     """End-to-end latency: plain decoding vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers,
     with the share of the timed text that is a repetition loop."""
     from mtp_cli.decode.bench import JSON_NAME, render_table, run_specbench
 
+    _use_threads(threads)  # --gsm8k-data is resolved where the prompts are read (mtp_cli/decode/prompts.py)
     report = run_specbench(run, prompts=prompts, limit=limit or None, max_new_tokens=max_new_tokens,
                            batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
                            draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads,
@@ -190,13 +193,17 @@ def ablate(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and its estimated cost; run nothing."),
     force: bool = typer.Option(False, help="Discard results in the folder that come from another recipe version."),
     results_root: Path = typer.Option(Path("results"), help="Results go to RESULTS_ROOT/<recipe>/."),
+    gsm8k_data: Optional[Path] = typer.Option(None, help="GSM8K folder for the eval stage, or `hub` [default: "
+                                              "$MTP_GSM8K_DATA, else the recipe's eval.gsm8k_data, else data/gsm8k]."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads for every stage (default: torch's, one per core)."),
 ) -> None:
     """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
     from mtp_cli import ablate as ablation
 
+    _use_threads(threads)
     seed_list = _int_list(seeds, "--seeds") if seeds is not None else None
     ab = ablation.run_ablation(recipe, only=only, seeds=seed_list, dry_run=dry_run, force=force,
-                               results_root=results_root)
+                               results_root=results_root, gsm8k_data=gsm8k_data)
     if dry_run:
         ui.out.print(ablation.plan_table(ab))
         return
@@ -227,6 +234,17 @@ def _float_list(text: str, flag: str) -> list[float]:
     return values
 
 
+def _use_threads(threads: int | None) -> None:
+    """--threads: torch's intra-op CPU threads for this process (None: leave torch's default)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise UserError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -253,8 +271,11 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):  # typer's (vendored click) usage errors
-            exc.show()
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # typer's (vendored click) usage errors
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            ui.console.print(f"[red]error:[/red] {escape(exc.format_message())}{escape(hint)}", highlight=False,
+                             soft_wrap=True)
             sys.exit(exc.exit_code)
         raise
 

@@ -203,7 +203,7 @@ class EvalConfig:
     enabled: bool = True
     tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
     limits: dict[str, int] = field(default_factory=dict)  # task -> first N items; absent or 0 = all
-    gsm8k_data: str = "../shared/data/gsm8k"  # relative paths resolve against the repository; "" = online stock task
+    gsm8k_data: str = "data/gsm8k"  # relative to the repository (`mtp_cli.paths`); "" or "hub" = the online stock task
 
     def limit(self, task: str) -> int | None:
         return self.limits.get(task) or None

@@ -19,46 +19,11 @@ from rich.console import Console
 from mtp_cli import claims, compare, plots, results
 from mtp_cli.resultset import Metric, ResultSet, code_commit, load, values
 from mtp_cli.stats import Estimate
+from mtp_cli.tables import Table
 
 NOT_MEASURED = "not measured"
 CLAIMS_DOC = "docs/CLAIMS.md"
 DEGENERATE_THRESHOLD = 0.5  # above this share of degenerate outputs, acceptance measures repetition
-
-
-# ---- one table, two renderings ----------------------------------------------------------------------
-@dataclass
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    notes: list[str] = field(default_factory=list)
-    empty: str = "nothing stored yet."
-
-    def markdown(self) -> str:
-        esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-        if not self.rows:
-            return f"**{self.title}**: {self.empty}\n"
-        lines = [f"**{self.title}**", "", "| " + " | ".join(map(esc, self.columns)) + " |",
-                 "|" + "|".join("---" for _ in self.columns) + "|"]
-        lines += ["| " + " | ".join(map(esc, row)) + " |" for row in self.rows]
-        lines += [""] + [f"- {note}" for note in self.notes]
-        return "\n".join(lines).rstrip() + "\n"
-
-    def rich(self):
-        from rich.markup import escape
-        from rich.table import Table as RichTable
-        from rich.text import Text
-
-        if not self.rows:
-            return Text(f"{self.title}: {self.empty}")
-        table = RichTable(title=escape(self.title), title_justify="left",
-                          caption=escape("\n".join(self.notes)) or None, caption_justify="left")
-        for i, col in enumerate(self.columns):
-            numeric = i > 0 and self.rows and all(_numeric(row[i]) for row in self.rows)
-            table.add_column(escape(col), justify="right" if numeric else "left", overflow="fold")
-        for row in self.rows:
-            table.add_row(*map(escape, row))
-        return table
 
 
 @dataclass
@@ -67,7 +32,6 @@ class Section:
     intro: str = ""
     tables: list[Table] = field(default_factory=list)
     images: list[tuple[str, str]] = field(default_factory=list)  # (caption, path relative to the report)
-
 
 
 # ---- numbers and their intervals --------------------------------------------------------------------
@@ -494,10 +458,6 @@ def _shown_path(folder: Path) -> str:
 
 
 # ---- formatting helpers ----------------------------------------------------------------------------------
-def _numeric(text: str) -> bool:
-    return str(text)[:1] in set("0123456789+-–−.")
-
-
 def _mean(values) -> float | None:
     nums = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
     return sum(nums) / len(nums) if nums else None

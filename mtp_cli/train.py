@@ -107,15 +107,21 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
     if recipe.data.tokenizer != "bpe" and isinstance(stored.get("model"), dict):
         # the vocabulary comes from the tokenizer (the stored recipe has it), not from the recipe
         stored = {**stored, "model": {**stored["model"], "vocab_size": mine["model"]["vocab_size"]}}
-    for section in ("model", "mtp", "data"):
-        if stored.get(section) != mine[section]:
-            raise UserError(f"output folder {out} holds a different run ({section} settings differ); "
-                            f"to continue it, give only the flags it was trained with (or none), or use another --out")
     strip = lambda t: {k: v for k, v in t.items() if k not in RESUMABLE_TRAIN_KEYS}  # noqa: E731
-    if strip(stored.get("train", {})) != strip(mine["train"]):
-        raise UserError(f"output folder {out} holds a different run (train settings differ); to continue it, "
-                        f"give only the flags it was trained with (or none), or use another --out")
+    for section in ("model", "mtp", "data", "train"):
+        was, now = stored.get(section) or {}, mine[section]
+        if section == "train":
+            was, now = strip(was), strip(now)
+        if was != now:
+            raise UserError(f"output folder {out} holds a different run ({_setting_diff(section, was, now)}); "
+                            f"to continue it, give only the flags it was trained with (or none), or use another --out")
     return (out / ckpt.CHECKPOINT).is_file()
+
+
+def _setting_diff(section: str, was: dict, now: dict) -> str:
+    """Name the settings a refused --resume would change, e.g. `train.lr 0.003 -> 0.001`."""
+    keys = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+    return ", ".join(f"{section}.{k} {was.get(k)!r} -> {now.get(k)!r}" for k in keys) or f"{section} settings differ"
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 console = Console(stderr=True)
 out = Console()
+out.soft_wrap = not out.is_terminal  # piped or redirected: Markdown tables and text lines stay whole
 
 
 def progress(transient: bool = False, disable: bool = False) -> Progress:

@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--gsm8k-limit", type=int, default=200)
-    ap.add_argument("--gsm8k-data", type=Path, default=REPO.parent / "shared" / "data" / "gsm8k")
+    ap.add_argument("--gsm8k-data", type=Path, default=REPO / "data" / "gsm8k")
     ap.add_argument("--hflm-limit", type=int, default=0, help="also time HFLM vs ours on this many GSM8K questions")
     ap.add_argument("--tasks", default="humaneval,gsm8k")
     ap.add_argument("--json", type=Path, default=None)

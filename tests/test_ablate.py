@@ -248,7 +248,7 @@ def test_shipped_recipes_load_and_plan(tmp_path):
     runs = {v.name: quick.for_run(v, 0) for v in quick.variants}
     assert runs["parallel-n4"].mtp.heads == 4 and runs["parallel-n4"].mtp.compute_matched
     assert runs["seq-d1"].mtp.depth == 1 and runs["seq-d1"].mtp.weight == 0.3
-    assert ablate.gsm8k_data(quick) == (REPO.parent / "shared" / "data" / "gsm8k").resolve()
+    assert ablate.gsm8k_data(quick) == REPO / "data" / "gsm8k"
 
 
 def test_a_crashing_stage_costs_only_its_own_run(tiny_ablation, tmp_path, monkeypatch, capsys):
@@ -299,7 +299,7 @@ def test_bad_input_found_inside_the_training_process_is_one_line_exit_2(tmp_path
 
 
 def test_committed_results_without_checkpoints_or_exports_need_nothing(tiny_ablation, tmp_path):
-    """What a fresh clone has (.gitignore drops checkpoints and exports): `make report` must only re-render."""
+    """What a fresh clone has (.gitignore drops checkpoints and exports): `mtp ablate` on it redoes nothing."""
     shutil.copytree(tiny_ablation, tmp_path / "res" / tiny_ablation.name,
                     ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
     ab = ablate.plan(results.read_lock(tiny_ablation)["source"], results_root=tmp_path / "res")

@@ -163,7 +163,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, capsys, monke
 
 
 def test_cli_gsm8k_offline_without_data(tiny_runs, tmp_path):
-    """The real entry point, offline (no hub, empty cache) and no --gsm8k-data: one line, exit 2."""
+    """The real entry point, offline (no hub, empty cache), asked for the hub's GSM8K: one line, exit 2."""
     offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
-    one_line_error(cli("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--json", tmp_path / "g.json", env=offline),
-                   "--gsm8k-data")
+    one_line_error(cli("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--gsm8k-data", "hub", "--json", tmp_path / "g.json",
+                       env=offline), "--gsm8k-data")

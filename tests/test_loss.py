@@ -2,7 +2,7 @@
 the λ/D weighting and DeepSeek's λ schedule — all through the project's own code (`mtp_cli.model.loss`,
 `MTPModel.forward`, `MTPConfig.weight_at`), checked against numbers and loops written from the definition.
 
-Alignment (DESIGN.md): a chunk t_1..t_{T+1} gives inputs t_1..t_T; extra prediction k at position
+Alignment (mtp_cli/model/loss.py): a chunk t_1..t_{T+1} gives inputs t_1..t_T; extra prediction k at position
 i = 1..T-k predicts t_{i+k+1}; the last k positions carry no depth-k loss.
 """
 

@@ -495,10 +495,10 @@ def _headline(results: dict, baseline: str = "greedy") -> dict:
 
 
 def render_table(report: dict):
-    """The report as Rich tables, one per condition: a row per batch size and method. "degen" is the
-    share of the method's generated tokens inside a repetition loop, "exact" whether its output equals
-    plain greedy's on every prompt (else how many; "-" when sampling). Latency and the other intervals
-    are in the JSON."""
+    """The report as tables, one per condition: a row per batch size and method. "degen" is the share of
+    the method's generated tokens inside a repetition loop, "exact" whether its output equals plain
+    greedy's on every prompt (else how many; "-" when sampling). Latency and the other intervals are in
+    the JSON."""
     from rich.console import Group
 
     params = report["params"]
@@ -506,28 +506,16 @@ def render_table(report: dict):
     if "draft_bytes" in params:
         notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
     tables = [_condition_table(report, c) for c in report["conditions"]]
-    if notes:
-        tables[-1].caption += "\n" + "; ".join(notes)
+    tables[-1].notes += notes
     return Group(*tables)
 
 
 def _condition_table(report: dict, condition: dict):
-    from rich import box
-    from rich.table import Table
+    from mtp_cli.tables import Table
 
     p, text = condition["prompts"], condition["text"]
     primary = " (primary)" if condition["name"] == report["primary"] else ""
-    table = Table(title=f"specbench {report['run']} {condition['name']}{primary}: {p['source']} x{p['count']}, "
-                        f"T={condition['temperature']:g}, {report['max_new_tokens']} new tokens, median of "
-                        f"{report['repeats']}",
-                  caption=f"text timed ({condition['baseline']}, batch size {report['batch_sizes'][0]}): "
-                          f"{_fmt(text.get('degenerate_share'), '{:.0%}')} of tokens in repetition loops, "
-                          f"{_fmt(text.get('whitespace_share'), '{:.0%}')} of outputs blank",
-                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), collapse_padding=True)
-    for col in ("bs", "method", "tok/s", "speedup [95%]", "ideal", "acc [95%]", "degen", "MAL", "TTFT ms", "TPOT ms",
-                "exact"):
-        table.add_column(col, justify="left" if col == "method" else "right",
-                         no_wrap=col in ("method", "speedup [95%]", "acc [95%]"))
+    rows = []
     for bs, methods in condition["results"].items():
         for name, e in methods.items():
             lo, hi = e["speedup_ci"]
@@ -536,12 +524,20 @@ def _condition_table(report: dict, condition: dict):
                 acc += " [{:.0%}-{:.0%}]".format(*e["acceptance_rate_ci"])
             exact = "-" if e["lossless"] is None else "yes" if e["lossless"] else \
                 f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}"
-            table.add_row(
-                bs, name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
+            rows.append([
+                str(bs), name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
                 _fmt(e.get("ideal_speedup"), "{:.2f}"), acc, _fmt(e.get("degenerate_share"), "{:.0%}"),
                 _fmt(e.get("mean_acceptance_length"), "{:.2f}"), f"{e['ttft_s'] * 1e3:.1f}", f"{e['tpot_s'] * 1e3:.2f}",
-                exact)
-    return table
+                exact])
+    caption = (f"text timed ({condition['baseline']}, batch size {report['batch_sizes'][0]}): "
+               f"{_fmt(text.get('degenerate_share'), '{:.0%}')} of tokens in repetition loops, "
+               f"{_fmt(text.get('whitespace_share'), '{:.0%}')} of outputs blank")
+    return Table(f"specbench {report['run']} {condition['name']}{primary}: {p['source']} x{p['count']}, "
+                 f"T={condition['temperature']:g}, {report['max_new_tokens']} new tokens, median of {report['repeats']}",
+                 ["batch size", "method", "tokens/s", "speedup [95%]", "ideal speedup", "acceptance [95%]",
+                  "degenerate", "MAL", "TTFT ms", "TPOT ms", "identical to greedy"], rows, [caption],
+                 short={"batch size": "bs", "tokens/s": "tok/s", "ideal speedup": "ideal", "acceptance [95%]": "acc",
+                        "degenerate": "degen", "identical to greedy": "exact"})
 
 
 def _fmt(value, fmt: str) -> str:

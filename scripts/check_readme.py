@@ -1,0 +1,226 @@
+"""Before a release: run every command in README.md's shell blocks, at tiny scale, in a scratch folder.
+
+Each `mtp …`, `make …` and `torchrun …` line (and `NAME=value` lines, kept as variables) of every
+```bash block runs in order, in one scratch folder, with the sizes shrunk: recipes are rewritten to a
+tiny model with the same name and variants (so run names match the README's), `--limit`, `--steps`,
+`--repeats`, `--samples`, `--max-new-tokens`, `--batch-sizes` and `--nproc_per_node` are made small,
+`results/` is a copy of the committed one, and `make` runs against the scratch folder. `make test` and
+`make check-readme` are skipped (the first is what CI runs, the second is this script); lines of other
+programs (pip, source, python scripts) only have their script's `--help` run. A command that fails
+stops the check with its output.
+
+    python scripts/check_readme.py            # every command (minutes)
+    python scripts/check_readme.py --parse    # only: each mtp command and flag exists (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+SMALL = {"--limit": "1", "--steps": "4", "--repeats": "1", "--samples": "2", "--max-new-tokens": "8",
+         "--batch-sizes": "1", "--nproc_per_node": "2", "--nproc-per-node": "2"}
+SKIPPED_MAKE = {"test", "test-slow", "check-readme", "install", "bench", "clean"}
+TINY_MODEL = {"vocab_size": 512, "n_layers": 4, "d_model": 32, "n_heads": 2, "ffn_hidden": 64, "context": 32}
+TINY_TRAIN = {"steps": 4, "batch_size": 4, "warmup": 1, "eval_every": 4, "eval_batches": 1, "ckpt_every": 4,
+              "compile": False, "device": "cpu"}
+
+
+def commands(readme: Path) -> list[str]:
+    """The README's shell lines, continuations joined and comments dropped."""
+    lines, block = [], None
+    for raw in readme.read_text().splitlines():
+        if raw.lstrip().startswith("```"):  # fences indented under a list item count too
+            block = raw.lstrip()[3:].strip() if block is None else None
+            continue
+        if block in ("bash", "sh", "shell", "console"):
+            lines.append(raw)
+    joined = "\n".join(lines).replace("\\\n", " ")
+    out = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            out.append(shlex.join(words))
+    return out
+
+
+def tiny_recipe(name: str, folder: Path) -> Path:
+    """The shipped recipe `name` with a tiny model, a few stdlib files and tiny eval/specbench settings."""
+    source = REPO / "recipes" / f"{name}.toml"
+    data = tomllib.loads(source.read_text()) if source.is_file() else {}
+    data["name"] = name
+    data["model"] = {**data.get("model", {}), **TINY_MODEL}
+    data["data"] = {"source": "files", "tokenizer": "bpe",
+                    "paths": [str(STDLIB / f) for f in ("textwrap.py", "string.py", "shlex.py", "glob.py")]}
+    data["train"] = {**{k: v for k, v in data.get("train", {}).items() if k in ("lr", "schedule", "seed")}, **TINY_TRAIN}
+    data["seeds"] = data.get("seeds", [0])[:1] or [0]
+    data["eval"] = {**data.get("eval", {}), "limits": {"humaneval": 1, "gsm8k": 1, "heldout": 2}}
+    data["specbench"] = {**data.get("specbench", {}), "limit": 1, "max_new_tokens": 4, "batch_sizes": [1],
+                         "repeats": 1}
+    data["variants"] = [{k: x for k, x in v.items() if k in ("name", "description", "mtp")}  # sizes stay tiny
+                        for v in data.get("variants", [])]
+    if not data["variants"]:
+        del data["variants"]
+    path = folder / "recipes" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_toml(data))
+    return path
+
+
+def _toml(data: dict) -> str:
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        raise TypeError(v)
+
+    top = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and k != "variants"]
+    sections = [f"\n[{k}]\n" + "\n".join(f"{kk} = {value(vv)}" for kk, vv in v.items())
+                for k, v in data.items() if isinstance(v, dict)]
+    variants = ["\n[[variants]]\n" + "\n".join(f"{k} = {value(x)}" for k, x in v.items()) for v in data.get("variants", [])]
+    return "\n".join(top + sections + variants) + "\n"
+
+
+def shrink(words: list[str], scratch: Path) -> list[str]:
+    """Small sizes, tiny recipes (named like the originals), ablations into the scratch folder."""
+    out, i = [], 0
+    while i < len(words):
+        w = words[i]
+        flag, eq, val = w.partition("=")
+        if flag in SMALL and (eq or i + 1 < len(words)):
+            out += [flag, SMALL[flag]]
+            i += 1 if eq else 2
+            continue
+        if w == "--recipe" and i + 1 < len(words):
+            out += ["--recipe", str(tiny_recipe(Path(words[i + 1]).stem, scratch))]
+            i += 2
+            continue
+        out.append(w)
+        i += 1
+    is_train = "train" in out and "--resume" not in out and "--recipe" not in out
+    if is_train:
+        out += ["--recipe", str(tiny_recipe("quick", scratch))]
+    return out
+
+
+def run_line(line: str, scratch: Path, env: dict, parse_only: bool) -> str:
+    words = shlex.split(line)
+    while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):  # NAME=value [command]
+        name, _, value = words.pop(0).partition("=")
+        env[name] = os.path.expandvars(value)
+        if not words:
+            return f"set {name}"
+    words = [os.path.expandvars(w) if "$" in w else w for w in words]
+    program = words[0] if words else ""
+    python = sys.executable
+    if program == "mtp":
+        return _mtp(words[1:], scratch, env, parse_only)
+    if program == "torchrun":
+        if parse_only:
+            return "skipped (parse only)"
+        words = shrink(words, scratch)
+        cmd = [python, "-m", "torch.distributed.run", *words[1:]]
+        return _run(cmd, scratch, env)
+    if program == "make":
+        target = next((w for w in words[1:] if "=" not in w and not w.startswith("-")), "")
+        if target in SKIPPED_MAKE or parse_only:
+            return f"skipped (make {target})"
+        return _make(words[1:], scratch, env)
+    script = next((w for w in words if w.startswith("scripts/") and w.endswith(".py")), None)
+    if script:
+        if not (REPO / script).is_file():
+            raise SystemExit(f"README: {script}: no such script")
+        return "exists" if parse_only else _run([python, str(REPO / script), "--help"], scratch, env)
+    return "skipped (not an mtp, make or torchrun command)"
+
+
+def _mtp(args: list[str], scratch: Path, env: dict, parse_only: bool) -> str:
+    if parse_only:
+        from click.testing import CliRunner
+        from typer.main import get_command
+
+        from mtp_cli.cli import app
+
+        command = get_command(app)
+        sub = command.commands.get(args[0]) if args else None
+        if sub is None:
+            raise SystemExit(f"README: `mtp {' '.join(args)}`: no such command")
+        known = {o for p in sub.params for o in (*p.opts, *p.secondary_opts)}
+        unknown = [a.partition("=")[0] for a in args[1:] if a.startswith("--") and a.partition("=")[0] not in known]
+        if unknown:
+            raise SystemExit(f"README: `mtp {' '.join(args)}`: unknown option {', '.join(unknown)}")
+        CliRunner().invoke(command, [args[0], "--help"])
+        return "parsed"
+    args = shrink(args, scratch)
+    if args[:1] == ["ablate"] and "--results-root" not in args:
+        args += ["--results-root", str(scratch / "ablations")]
+    if args[:1] in (["eval"],) and "--limit" not in args:
+        args += ["--limit", "1"]
+    if args[:1] == ["specbench"]:
+        args += [a for pair in (("--limit", "1"), ("--max-new-tokens", "4"), ("--repeats", "1")) if pair[0] not in args
+                 for a in pair]
+    if args[:1] == ["generate"] and "--max-new-tokens" not in args:
+        args += ["--max-new-tokens", "8"]
+    return _run([sys.executable, "-m", "mtp_cli", *args], scratch, env)
+
+
+def _make(args: list[str], scratch: Path, env: dict) -> str:
+    venv = scratch / "venv"
+    venv.mkdir(exist_ok=True)
+    (venv / ".installed").touch()
+    recipe = next((a.partition("=")[2] for a in args if a.startswith("RECIPE=")), "quick")
+    args = [a for a in args if not a.startswith("RECIPE=")]
+    mtp = f"{sys.executable} -m mtp_cli"
+    return _run(["make", "-C", str(REPO), *args, f"VENV={venv}", f"MTP={mtp}", f"PY={sys.executable}",
+                 f"RECIPE={tiny_recipe(recipe, scratch)}", f"OUT={scratch / 'make-results'}",
+                 f"RESULTS={scratch / 'results'}"], scratch, env)
+
+
+def _run(cmd: list[str], cwd: Path, env: dict) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"README command failed (exit {proc.returncode}): {shlex.join(cmd)}\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return "ok"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--readme", type=Path, default=REPO / "README.md")
+    ap.add_argument("--parse", action="store_true", help="Only check that each mtp command and flag exists.")
+    ap.add_argument("--keep", action="store_true", help="Keep the scratch folder.")
+    args = ap.parse_args(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="mtp-readme-"))
+    env = {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "MTP_CACHE_DIR": str(scratch / "cache"), "OMP_NUM_THREADS": "1"}
+    if not args.parse:
+        shutil.copytree(REPO / "results", scratch / "results", ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
+    try:
+        for line in commands(args.readme):
+            print(f"{run_line(line, scratch, env, args.parse):<12} {line}", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
