@@ -1,10 +1,16 @@
-"""GSM8K through lm-eval: `simple_evaluate`, 5-shot, strict-match and flexible-extract.
+"""GSM8K through lm-eval: `simple_evaluate`, k-shot (5 by default), strict-match and flexible-extract,
+and the likelihood of the reference answers (`gold_bpb`).
 
 Online, it is lm-eval's stock `gsm8k` task (hub dataset `openai/gsm8k`). Offline, `--gsm8k-data DIR`
 runs the same task from DIR/train.jsonl and DIR/test.jsonl through the shipped YAML
 (`tasks/gsm8k_local.yaml`, which `include`s the stock one), rendered into a temporary folder and
 loaded with `TaskManager(include_path=...)`. Each score carries n and a Wilson 95% interval from
 lm-eval's own per-document results, next to lm-eval's standard error.
+
+Gold answers: `tasks/gsm8k_gold.yaml` turns the same task into a loglikelihood task, evaluated in
+the same `simple_evaluate` call, so lm-eval builds (few-shot prompt, " " + answer) requests from the
+same few-shot docs. Per question: bits = -log2 p(answer tokens | prompt), bytes = UTF-8 bytes of the
+scored continuation; `gold_bpb` is the mean over questions of bits / bytes, with a bootstrap interval.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import tempfile
@@ -26,6 +33,8 @@ from mtp_cli.errors import UserError
 from mtp_cli.evals import stats
 
 LOCAL_YAML = Path(__file__).parent / "tasks" / "gsm8k_local.yaml"
+GOLD_YAML = Path(__file__).parent / "tasks" / "gsm8k_gold.yaml"
+GOLD_TASK = "gsm8k_gold"
 STOCK_YAML = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
 METRICS = ("exact_match,strict-match", "exact_match,flexible-extract")
 NUM_FEWSHOT = 5
@@ -42,14 +51,31 @@ def check_data(data_dir: str | Path) -> Path:
     return data_dir
 
 
-def render_task(data_dir: Path, into: Path) -> Path:
-    """Write the local task YAML with its __UPPERCASE__ fields filled in; returns its folder."""
-    text = LOCAL_YAML.read_text()
-    for key, value in {"__LM_EVAL_GSM8K_YAML__": STOCK_YAML, "__GSM8K_TRAIN__": data_dir / "train.jsonl",
-                       "__GSM8K_TEST__": data_dir / "test.jsonl"}.items():
+def _fill(template: Path, fields: dict, into: Path) -> Path:
+    text = template.read_text()
+    for key, value in fields.items():
         text = text.replace(key, json.dumps(str(value)))
-    (into / "gsm8k_local.yaml").write_text(text)
+    (into / template.name).write_text(text)
+    return into / template.name
+
+
+def render_task(data_dir: Path | None, into: Path) -> Path:
+    """Write the task YAMLs with their __UPPERCASE__ fields filled in (the local task only with `data_dir`;
+    the gold task on top of the local one, or of the stock one without); returns their folder."""
+    base = STOCK_YAML
+    if data_dir is not None:
+        base = _fill(LOCAL_YAML, {"__LM_EVAL_GSM8K_YAML__": STOCK_YAML, "__GSM8K_TRAIN__": data_dir / "train.jsonl",
+                                  "__GSM8K_TEST__": data_dir / "test.jsonl"}, into)
+    _fill(GOLD_YAML, {"__GSM8K_BASE_YAML__": base}, into)
     return into
+
+
+def load_tasks(data_dir: Path | None, into: Path) -> tuple[TaskManager, str]:
+    """(task manager, generative task name) with the gold task loadable beside it."""
+    task_dir = str(render_task(data_dir, into))
+    if data_dir is not None:
+        return TaskManager(include_path=task_dir, include_defaults=False), "gsm8k_local"
+    return TaskManager(include_path=task_dir), "gsm8k"
 
 
 def _offline() -> bool:
@@ -88,29 +114,53 @@ def preflight(data_dir: str | Path | None) -> Path | None:
     return None
 
 
-def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: int = 0) -> dict:
-    """Evaluate an lm-eval LM object on GSM8K. Returns the `results.gsm8k` entry."""
+def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: int = 0,
+        num_fewshot: int = NUM_FEWSHOT, gold: bool = True) -> dict:
+    """Evaluate an lm-eval LM object on GSM8K (and the gold answers' likelihood). Returns the
+    `results.gsm8k` entry, with per-question rows under "samples" and, with `gold`, "gold"."""
+    if num_fewshot < 0:
+        raise UserError(f"GSM8K few-shot count must be >= 0, got {num_fewshot}")
     data_dir = preflight(data_dir)
     with tempfile.TemporaryDirectory(prefix="mtp-gsm8k-task-") as tmp:
-        if data_dir is not None:
-            task_dir = str(render_task(data_dir, Path(tmp)))
-            manager, task = TaskManager(include_path=task_dir, include_defaults=False), "gsm8k_local"
-        else:
-            manager, task = TaskManager(), "gsm8k"
+        manager, task = load_tasks(data_dir, Path(tmp))
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
         datasets.disable_progress_bars()
         try:
             with _quiet_request_bar():
-                out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=NUM_FEWSHOT, limit=limit,
-                                              task_manager=manager, log_samples=True, random_seed=seed,
-                                              numpy_random_seed=seed, torch_random_seed=seed,
-                                              fewshot_random_seed=seed)
+                out = lm_eval.simple_evaluate(model=lm, tasks=[task] + ([GOLD_TASK] if gold else []),
+                                              num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+                                              log_samples=True, random_seed=seed, numpy_random_seed=seed,
+                                              torch_random_seed=seed, fewshot_random_seed=seed)
         except (ConnectionError, OSError) as exc:
             if data_dir is None:
                 raise UserError(f"could not load openai/gsm8k from the hub or its cache ({type(exc).__name__}); "
                                 "pass --gsm8k-data DIR to run from local files") from None
             raise
-    return summarize(out, task) | {"task": task, "data": str(data_dir) if data_dir else "hub:openai/gsm8k"}
+    result = summarize(out, task, num_fewshot)
+    records = getattr(lm, "records", {})
+    for row in result["samples"]:
+        row.update(records.get((task, "generate", row["doc_id"]), {}))
+    if gold:
+        result |= summarize_gold(out, records)
+    return result | {"task": task, "data": str(data_dir) if data_dir else "hub:openai/gsm8k"}
+
+
+def summarize_gold(out: dict, records: dict) -> dict:
+    """Per-question bits per byte of the reference answer, from lm-eval's own loglikelihood samples."""
+    from mtp_cli.evals.lm import scored_continuation
+
+    rows = []
+    for sample in sorted(out["samples"][GOLD_TASK], key=lambda s: s["doc_id"]):
+        (context, continuation), = [tuple(a) for a in sample["arguments"]]
+        (logprob, _greedy), = [tuple(r) for r in sample["resps"][0]] if isinstance(sample["resps"][0][0], (list, tuple)) \
+            else [tuple(sample["resps"][0])]
+        gold_bytes = len(scored_continuation(context, continuation).encode("utf-8"))
+        bits = -float(logprob) / math.log(2)
+        rows.append({"doc_id": int(sample["doc_id"]), "gold_bpb": bits / gold_bytes, "gold_bits": bits,
+                     "gold_bytes": gold_bytes, **records.get((GOLD_TASK, "loglikelihood", int(sample["doc_id"])), {})})
+    values = [r["gold_bpb"] for r in rows]
+    return {"gold_bpb": sum(values) / len(values), "gold_bpb_ci95": list(stats.bootstrap_mean(values)),
+            "gold_n": len(rows), "gold_ci_method": "bootstrap over questions", "gold": rows}
 
 
 @contextlib.contextmanager
@@ -130,13 +180,13 @@ def _quiet_request_bar():
         task_module.tqdm = original
 
 
-def summarize(out: dict, task: str) -> dict:
+def summarize(out: dict, task: str, num_fewshot: int = NUM_FEWSHOT) -> dict:
     """lm-eval's scores plus n and Wilson intervals recomputed from its per-document results."""
     scores = out["results"][task]
     per_doc: dict[str, list[float]] = {}
     for sample in out["samples"][task]:
         per_doc.setdefault(f"exact_match,{sample['filter']}", []).append(float(sample["exact_match"]))
-    result: dict = {"num_fewshot": NUM_FEWSHOT, "version": out.get("versions", {}).get(task)}
+    result: dict = {"num_fewshot": num_fewshot, "version": out.get("versions", {}).get(task)}
     for metric in METRICS:
         values = per_doc[metric]
         mean = sum(values) / len(values)
