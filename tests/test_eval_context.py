@@ -184,3 +184,17 @@ def test_heldout_train_val_is_the_training_logs_figure(tiny_runs):
     n = run.recipe.train.eval_batches * run.recipe.train.batch_size
     assert out["train_val"]["windows"] == min(n, out["n_windows"])
     assert out["train_val"]["loss"] == pytest.approx(final["val_loss"], abs=1e-5)
+
+
+@needs_data
+def test_gsm8k_no_truncate_refuses_before_generating(tiny_runs, tmp_path, capsys):
+    """5-shot GSM8K prompts are far beyond context 64: refused in one line, no file written."""
+    code, _out, err = cli_in_process("eval", tiny_runs["ntp"], "--tasks", "heldout,gsm8k", "--limit", "2",
+                                     "--gsm8k-data", GSM8K_DATA, "--no-truncate", "--json", tmp_path / "e.json",
+                                     capsys=capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "gsm8k (5-shot)" in lines[0] and "--no-truncate" in lines[0], err
+    assert not (tmp_path / "e.json").exists() and not (tmp_path / "e_heldout_windows.jsonl").exists()
+    code, _out, err = cli_in_process("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--gsm8k-fewshot", "-1",
+                                     "--gsm8k-data", GSM8K_DATA, capsys=capsys)
+    assert code == 2 and "--gsm8k-fewshot" in err

@@ -114,13 +114,48 @@ def preflight(data_dir: str | Path | None) -> Path | None:
     return None
 
 
+def check_fewshot(num_fewshot: int) -> int:
+    if isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int) or num_fewshot < 0:
+        raise UserError(f"--gsm8k-fewshot must be a whole number >= 0, got {num_fewshot!r}")
+    return num_fewshot
+
+
+def check_context(lm, limit: int | None, data_dir: Path | None, num_fewshot: int = NUM_FEWSHOT,
+                  seed: int = 0) -> None:
+    """With `lm.truncate` off, refuse before any model work if a prompt would need a cut: builds lm-eval's
+    requests for both tasks (as `run` will) and applies the same rules as the model class."""
+    from mtp_cli.evals import context as ctxlib
+    from mtp_cli.evals.lm import DEFAULT_MAX_GEN_TOKS
+
+    if lm.truncate:
+        return
+    with tempfile.TemporaryDirectory(prefix="mtp-gsm8k-task-") as tmp:
+        manager, name = load_tasks(data_dir, Path(tmp))
+        logging.getLogger("lm_eval").setLevel(logging.ERROR)
+        tasks = manager.load([name, GOLD_TASK])["tasks"]
+        with _quiet_request_bar():
+            for task in tasks.values():
+                task.set_config(key="num_fewshot", value=num_fewshot)
+                task.set_fewshot_seed(seed=seed)
+                task.build_all_requests(limit=limit, rank=0, world_size=1)
+        generate = [i.args for i in tasks[name].instances]
+        gold = [lm._encode_pair(*i.args) for i in tasks[GOLD_TASK].instances]
+    budget = ctxlib.generation_budget(int(generate[0][1].get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)), lm.max_length)
+    lengths = [len(lm.tok_encode(context)) for context, _ in generate]
+    ctxlib.refuse(f"gsm8k ({num_fewshot}-shot)", [ctxlib.generation_cut(n, budget, lm.max_length) for n in lengths],
+                  lengths, lm.max_length, f"+ {budget} new tokens")
+    ctxlib.refuse(f"gsm8k gold ({num_fewshot}-shot)", [ctxlib.scoring_cut(len(c), len(t), lm.max_length) for c, t in gold],
+                  [len(c) for c, _ in gold], lm.max_length, "+ reference answer")
+
+
 def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: int = 0,
         num_fewshot: int = NUM_FEWSHOT, gold: bool = True) -> dict:
     """Evaluate an lm-eval LM object on GSM8K (and the gold answers' likelihood). Returns the
     `results.gsm8k` entry, with per-question rows under "samples" and, with `gold`, "gold"."""
-    if num_fewshot < 0:
-        raise UserError(f"GSM8K few-shot count must be >= 0, got {num_fewshot}")
+    check_fewshot(num_fewshot)
     data_dir = preflight(data_dir)
+    if getattr(lm, "truncate", True) is False:
+        check_context(lm, limit, data_dir, num_fewshot, seed)
     with tempfile.TemporaryDirectory(prefix="mtp-gsm8k-task-") as tmp:
         manager, task = load_tasks(data_dir, Path(tmp))
         logging.getLogger("lm_eval").setLevel(logging.ERROR)

@@ -156,23 +156,29 @@ def check_context(trunk, tokenizer, limit: int | None, max_new_tokens: int = 256
     ctxlib.refuse("humaneval", [c for _, c in plan.values()], [n for n, _ in plan.values()], context,
                   f"+ {budget} new tokens")
     gold = gold_plan(MTPLM(trunk=trunk, tokenizer=tokenizer), problems)
-    ctxlib.refuse("humaneval gold", [ctxlib.scoring_cut(len(c), len(s), context) for c, s, _ in gold.values()],
+    ctxlib.refuse("humaneval gold", [ctxlib.scoring_cut(len(c), len(sol), context) for c, sol, _ in gold.values()],
                   [len(c) for c, _, _ in gold.values()], context, "+ canonical solution")
 
 
-def gold_scores(trunk, tokenizer, problems: dict[str, dict], truncate: bool = True) -> dict[str, dict]:
-    """Per problem: gold_bpb, gold_bits, gold_bytes and the prompt's length and cut in the scored window."""
-    from mtp_cli.evals.lm import MTPLM
+def gold_scores(trunk, tokenizer, problems: dict[str, dict], truncate: bool = True, progress=None) -> dict[str, dict]:
+    """Per problem: gold_bpb, gold_bits, gold_bytes, gold_tokens and the prompt's length and cut."""
+    from mtp_cli.evals.lm import MTPLM, score_continuations
 
-    lm = MTPLM(trunk=trunk, tokenizer=tokenizer, truncate=truncate)
-    plan = gold_plan(lm, problems)
-    scored = lm._loglikelihood_tokens([(None, c, s) for c, s, _ in plan.values()])
+    context = trunk.cfg.context
+    plan = gold_plan(MTPLM(trunk=trunk, tokenizer=tokenizer), problems)
+    cuts = {t: ctxlib.scoring_cut(len(c), len(sol), context) for t, (c, sol, _) in plan.items()}
+    if not truncate:
+        ctxlib.refuse("humaneval gold", list(cuts.values()), [len(c) for c, _, _ in plan.values()], context,
+                      "+ canonical solution")
+    task = progress.add_task("humaneval: score gold solutions", total=len(plan), info="") if progress else None
+    scored = score_continuations(trunk, [(c, sol) for c, sol, _ in plan.values()], context, tokenizer.eos_token_id,
+                                 on_done=(lambda n: progress.advance(task, n)) if progress else None)
     out = {}
     for (task_id, (prompt_ids, solution_ids, text)), (logprob, _greedy) in zip(plan.items(), scored):
         bits, n_bytes = -logprob / math.log(2), len(text.encode("utf-8"))
         out[task_id] = {"gold_bpb": bits / n_bytes, "gold_bits": bits, "gold_bytes": n_bytes,
                         "gold_tokens": len(solution_ids), "gold_prompt_tokens": len(prompt_ids),
-                        "gold_prompt_cut_tokens": ctxlib.scoring_cut(len(prompt_ids), len(solution_ids), lm.max_length)}
+                        "gold_prompt_cut_tokens": cuts[task_id]}
     return out
 
 
@@ -185,7 +191,7 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
     problems = load_problems(limit)
     context = trunk.cfg.context
     budget, plan = generation_plan(tokenizer, problems, max_new_tokens, context)
-    gold = gold_scores(trunk, tokenizer, problems, truncate)
+    gold = gold_scores(trunk, tokenizer, problems, truncate, progress)
     rows = generate_samples(trunk, tokenizer, problems, samples, temperature, budget, seed, progress, context)
     for row in rows:
         n, cut = plan[row["task_id"]]

@@ -43,6 +43,7 @@ class MTPLM(TemplateLM):
         self._max_length = int(max_length) if max_length else None
         self.generator = torch.Generator().manual_seed(int(seed))
         self.progress = progress
+        self.score_description = "loglikelihood"  # the Rich bar's label while scoring continuations
         self.truncate = truncate
         self.prompt_lengths: list[int] = []  # token lengths of every generation prompt seen (before any cut)
         self.prompt_cuts: list[int] = []  # tokens cut from the left of each of those prompts
@@ -104,28 +105,32 @@ class MTPLM(TemplateLM):
 
     # ---- likelihoods (TemplateLM turns these into loglikelihood and loglikelihood_rolling) ------
     def loglikelihood(self, requests, disable_tqdm: bool = False):
-        self._pending = requests  # lets _loglikelihood_tokens record per-document cuts
+        """TemplateLM's (tokenize, then `_loglikelihood_tokens`), with our Rich bar instead of lm-eval's tqdm
+        and each document's prompt length and cut recorded."""
+        self._pending, self._show_bar = requests, not disable_tqdm
         try:
-            return super().loglikelihood(requests, disable_tqdm=True)  # our Rich view, not lm-eval's tqdm
+            return super().loglikelihood(requests, disable_tqdm=True)
         finally:
-            self._pending = None
+            self._pending, self._show_bar = None, False
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None) -> list[tuple[float, bool]]:
         pairs = [(list(context), list(continuation)) for _key, context, continuation in requests]
         cuts = [ctxlib.scoring_cut(len(c), len(t), self.max_length) for c, t in pairs]
         if not self.truncate:
             ctxlib.refuse("loglikelihood", cuts, [len(c) for c, _ in pairs], self.max_length, "+ continuation")
-        scored = score_continuations(self.trunk, pairs, self.max_length, self.eot_token_id)
         pending = getattr(self, "_pending", None)
+        on_done = None
+        if self.progress is not None and getattr(self, "_show_bar", False):
+            task = self.progress.add_task(self.score_description, total=len(pairs), info="")
+            on_done = lambda n: self.progress.advance(task, n)  # noqa: E731
+        scored = score_continuations(self.trunk, pairs, self.max_length, self.eot_token_id, on_done)
         if pending is not None and len(pending) == len(requests):
             for req, (c, t), cut in zip(pending, pairs, cuts):
                 self._record(req, "loglikelihood", len(c), cut, gold_tokens=len(t))
-        results = []
-        for (key, _c, _t), (logprob, greedy) in zip(requests, scored):
-            results.append((logprob, greedy))
+        for (key, _c, _t), result in zip(requests, scored):
             if key is not None:
-                self.cache_hook.add_partial("loglikelihood", key, results[-1])
-        return results
+                self.cache_hook.add_partial("loglikelihood", key, result)
+        return scored
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         from lm_eval import utils
@@ -140,11 +145,12 @@ class MTPLM(TemplateLM):
 
 
 @torch.no_grad()
-def score_continuations(trunk, pairs, context: int, pad_id: int) -> list[tuple[float, bool]]:
+def score_continuations(trunk, pairs, context: int, pad_id: int, on_done=None) -> list[tuple[float, bool]]:
     """(sum of log p, all greedy) of each continuation given its prompt, never past `context` positions.
 
     The first window holds the rightmost context + 1 tokens of prompt + continuation (`context.scoring_cut`);
-    a continuation longer than the context goes on in further windows, each input at most `context` tokens."""
+    a continuation longer than the context goes on in further windows, each input at most `context` tokens.
+    `on_done(n)` is called as pairs finish."""
     windows = []  # (pair index, input ids, offset of the first target in the input, target ids)
     for i, (prompt, continuation) in enumerate(pairs):
         if not prompt:
@@ -157,6 +163,9 @@ def score_continuations(trunk, pairs, context: int, pad_id: int) -> list[tuple[f
             start = end
     totals = [0.0] * len(pairs)
     greedy = [True] * len(pairs)
+    remaining = [0] * len(pairs)  # windows left per pair
+    for w in windows:
+        remaining[w[0]] += 1
     order = sorted(range(len(windows)), key=lambda w: -len(windows[w][1]))
     at = 0
     while at < len(order):
@@ -174,6 +183,9 @@ def score_continuations(trunk, pairs, context: int, pad_id: int) -> list[tuple[f
             target = torch.tensor(targets, dtype=torch.long)
             totals[i] += float(lp.gather(-1, target[:, None]).sum())
             greedy[i] = greedy[i] and bool((lp.argmax(-1) == target).all())
+            remaining[i] -= 1
+            if on_done is not None and remaining[i] == 0:
+                on_done(1)
     return list(zip(totals, greedy))
 
 

@@ -80,6 +80,7 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
         humaneval.check_decoding(samples, temperature)
         sandbox.detect()  # fails here, not after generating, where no fence can be built
     if "gsm8k" in tasks:
+        gsm8k.check_fewshot(gsm8k.NUM_FEWSHOT if gsm8k_fewshot is None else gsm8k_fewshot)
         gsm8k_data = gsm8k.preflight(gsm8k_data)
     if text is not None and not Path(text).is_file():
         raise UserError(f"--text {text}: no such file")
@@ -89,9 +90,12 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
     if {"humaneval", "gsm8k"} & set(tasks):
         export_dir = ensure_export(run_dir)
         trunk, tokenizer = load_export(export_dir)
-    if "humaneval" in tasks:
-        humaneval.check_context(trunk, tokenizer, limits["humaneval"], truncate=truncate)
     fewshot = gsm8k.NUM_FEWSHOT if gsm8k_fewshot is None else gsm8k_fewshot
+    if "humaneval" in tasks:  # with truncate off, refusals come before any model work
+        humaneval.check_context(trunk, tokenizer, limits["humaneval"], truncate=truncate)
+    if "gsm8k" in tasks:
+        gsm8k.check_context(MTPLM(trunk=trunk, tokenizer=tokenizer, truncate=truncate), limits["gsm8k"], gsm8k_data,
+                            fewshot)
     results: dict = {}
     seconds: dict = {}
     with ui.progress(disable=not show_progress) as progress:
@@ -108,6 +112,7 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
                                               temperature, progress=progress, truncate=truncate)
             else:
                 lm = MTPLM(trunk=trunk, tokenizer=tokenizer, progress=progress, truncate=truncate)
+                lm.score_description = "gsm8k: score gold answers"
                 result = gsm8k.run(lm, limits[task], gsm8k_data, num_fewshot=fewshot)
                 path = samples_path(json_path, task)
                 write_rows(path, result.pop("samples"))
