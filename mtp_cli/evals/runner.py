@@ -135,10 +135,10 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
 
 def _gold_and_cuts(table, label: str, task: dict) -> None:
     if "gold_bpb" in task:
-        table.add_row(label, "gold answer bits per byte", f"{task['gold_bpb']:.4f}", _ci(task["gold_bpb_ci95"]),
+        table.add_row(label, "gold bits/byte", f"{task['gold_bpb']:.4f}", _ci(task["gold_bpb_ci95"]),
                       str(task["gold_n"]))
     if "prompts_cut" in task:
-        table.add_row(label, f"prompts cut to context {task['context']} (max / mean tokens)",
+        table.add_row(label, f"prompts cut to {task['context']} (max/mean)",
                       f"{task['prompts_cut']} ({task['prompt_cut_tokens_max']} / {task['prompt_cut_tokens_mean']:.0f})",
                       "", str(task["n"]))
 
@@ -173,6 +173,9 @@ def results_table(doc: dict):
             table.add_row(label, "loss (nats/token)", f"{h['loss']:.4f}", _ci(h["loss_ci95"]), f"{h['n']:,}")
             table.add_row(label, "bits per byte", f"{h['bpb']:.4f}", _ci(h["bpb_ci95"]), f"{h['n_bytes']:,} B")
             table.add_row(label, "top-1", f"{h['top1']:.3f}", "", f"{h['n']:,}")
+            if "train_val" in h:
+                table.add_row(label, f"loss, training's {h['train_val']['windows']} val windows",
+                              f"{h['train_val']['loss']:.4f}", "", "")
             for e in h["extra"]:
                 table.add_row(label, f"{e['name']} ({e['predicts']}) loss / top-1 / agree",
                               f"{e['loss']:.3f} / {e['top1']:.3f} / {e['agree']:.3f}", "", f"{e['n']:,}")
