@@ -164,6 +164,7 @@ def test_run_eval_writes_the_contract(tiny_runs, tmp_path):
     assert g["gold_bpb"] == pytest.approx(sum(r["gold_bpb"] for r in gold_rows) / 2)
     gen_rows = [json.loads(x) for x in Path(g["samples_path"]).read_text().splitlines()]
     assert [r["doc_id"] for r in gen_rows] == [0, 1] and all("prompt_cut_tokens" in r for r in gen_rows)
+    assert [r["prompt_tokens"] for r in gen_rows] == [r["prompt_tokens"] for r in gold_rows]  # the same prompts
     # held-out: token-weighted mean of the window losses is the reported loss; bytes add up
     assert ho["windows_path"] == ho["items_path"] == "eval_heldout_windows.jsonl"
     windows = [json.loads(x) for x in (tmp_path / ho["windows_path"]).read_text().splitlines()]

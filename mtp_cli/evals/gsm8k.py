@@ -176,19 +176,22 @@ def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: 
     for row in result["samples"]:
         row.update(records.get((task, "generate", row["doc_id"]), {}))
     if gold:
-        result |= summarize_gold(out, records)
+        result |= summarize_gold(out, records, task)
     return result | {"task": task, "data": str(data_dir) if data_dir else "hub:openai/gsm8k"}
 
 
-def summarize_gold(out: dict, records: dict) -> dict:
-    """Per-question bits per byte of the reference answer, from lm-eval's own loglikelihood samples."""
+def summarize_gold(out: dict, records: dict, generative_task: str) -> dict:
+    """Per-question bits per byte of the reference answer, from lm-eval's own loglikelihood samples
+    (checked to hold the very prompt the generative task sent for the same question)."""
     from mtp_cli.evals.lm import scored_continuation
 
+    prompts = {s["doc_id"]: s["arguments"][0][0] for s in out["samples"][generative_task]}
     rows = []
     for sample in sorted(out["samples"][GOLD_TASK], key=lambda s: s["doc_id"]):
         (context, continuation), = [tuple(a) for a in sample["arguments"]]
-        (logprob, _greedy), = [tuple(r) for r in sample["resps"][0]] if isinstance(sample["resps"][0][0], (list, tuple)) \
-            else [tuple(sample["resps"][0])]
+        if prompts.get(sample["doc_id"]) != context:
+            raise RuntimeError(f"GSM8K doc {sample['doc_id']}: the gold request's prompt differs from the generative one")
+        logprob, _greedy = sample["resps"][0][0]  # one request per doc, one response per request
         gold_bytes = len(scored_continuation(context, continuation).encode("utf-8"))
         bits = -float(logprob) / math.log(2)
         rows.append({"doc_id": int(sample["doc_id"]), "gold_bpb": bits / gold_bytes, "gold_bits": bits,
