@@ -321,7 +321,7 @@ def _eval(cell: Cell, view: GridView) -> None:
     cfg = cell.recipe.eval
     run_eval(cell.run_dir, tasks=tuple(cfg.tasks), limit={t: cfg.limit(t) or 0 for t in cfg.tasks},
              gsm8k_data=cell.gsm8k, json_path=cell.run_dir / results.EVAL_JSON,
-             show_progress=view.show_nested)
+             show_progress=view.show_nested, truncate=cfg.truncate, gsm8k_fewshot=cfg.gsm8k_fewshot)
 
 
 def _specbench(cell: Cell, view: GridView) -> None:

@@ -109,6 +109,10 @@ def eval_(
     text: Optional[Path] = typer.Option(None, help="Also report held-out loss and bits per byte on this text file."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/eval.json)."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
+    truncate: bool = typer.Option(True, "--truncate/--no-truncate",
+                                  help="Cut prompts longer than the trained context from the left (lm-eval's rule; "
+                                       "counts reported), or refuse to run such an eval."),
+    gsm8k_fewshot: int = typer.Option(5, help="GSM8K few-shot examples (lm-eval's num_fewshot)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     from mtp_cli import paths
@@ -116,7 +120,7 @@ def eval_(
 
     _use_threads(threads)
     doc = run_eval(run, tasks, limit=limit, gsm8k_data=paths.gsm8k_data(gsm8k_data), samples=samples, temperature=temperature,
-                   text=text, json_path=json_path)
+                   text=text, json_path=json_path, truncate=truncate, gsm8k_fewshot=gsm8k_fewshot)
     ui.out.print(results_table(doc))
     ui.out.print(f"results written to {doc['json_path']}", markup=False)
 

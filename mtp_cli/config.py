@@ -204,6 +204,8 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
     limits: dict[str, int] = field(default_factory=dict)  # task -> first N items; absent or 0 = all
     gsm8k_data: str = "data/gsm8k"  # relative to the repository (`mtp_cli.paths`); "" or "hub" = the online stock task
+    gsm8k_fewshot: int = 5  # lm-eval's num_fewshot; fewer when 5-shot prompts do not fit the trained context
+    truncate: bool = True  # cut prompts to the trained context (lm-eval's rule); false = refuse to eval instead
 
     def limit(self, task: str) -> int | None:
         return self.limits.get(task) or None
@@ -219,6 +221,10 @@ class EvalConfig:
                 raise UserError(f"eval.limits names unknown task {task!r}; choose from {', '.join(EVAL_TASKS)}")
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise UserError(f"eval.limits.{task} must be an integer >= 0 (0 = all), got {n!r}")
+        if isinstance(self.gsm8k_fewshot, bool) or not isinstance(self.gsm8k_fewshot, int) or self.gsm8k_fewshot < 0:
+            raise UserError(f"eval.gsm8k_fewshot must be an integer >= 0, got {self.gsm8k_fewshot!r}")
+        if not isinstance(self.truncate, bool):
+            raise UserError(f"eval.truncate must be true or false, got {self.truncate!r}")
 
 
 @dataclass

@@ -20,20 +20,30 @@ GSM8K_DATA = Path(__file__).resolve().parent / "data" / "gsm8k"  # a bundled sli
 needs_data = pytest.mark.skipif(not (GSM8K_DATA / "test.jsonl").is_file(), reason=f"no GSM8K data at {GSM8K_DATA}")
 
 
-@pytest.fixture(scope="module")
-def random_export(tiny_runs, tmp_path_factory) -> Path:
-    """A trunk with large random weights (varied, tie-free greedy output) exported for HFLM."""
+def _random_export(tiny_runs, tmp_path_factory, **config) -> Path:
     from conftest import tiny_model_config
     from mtp_cli.model.trunk import Trunk, init_weights
 
     torch.manual_seed(0)
-    trunk = Trunk(tiny_model_config())
+    trunk = Trunk(tiny_model_config(**config))
     init_weights(trunk, 0.3)
     tok = load_run(tiny_runs["ntp"]).tokenizer
     out = tmp_path_factory.mktemp("random-export")
     hf.trunk_to_hf(trunk, tok).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def random_export(tiny_runs, tmp_path_factory) -> Path:
+    """A trunk with large random weights (varied, tie-free greedy output) exported for HFLM."""
+    return _random_export(tiny_runs, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def random_export_320(tiny_runs, tmp_path_factory) -> Path:
+    """The same at context 320: room for lm-eval's 256 new tokens after a cut prompt (HFLM asserts that)."""
+    return _random_export(tiny_runs, tmp_path_factory, context=320)
 
 
 @needs_data
@@ -55,17 +65,25 @@ def test_local_task_is_the_stock_task_on_local_files(tmp_path):
 
 
 @needs_data
-def test_ours_agrees_with_hflm_on_the_export(random_export):
+def test_ours_agrees_with_hflm_on_the_export(random_export_320):
+    """Same cut prompts, same completions, same scores, same gold-answer likelihoods as lm-eval's HFLM at
+    max_length = the trained context (every 5-shot prompt is cut to its rightmost 320 - 256 tokens)."""
     from lm_eval.models.huggingface import HFLM
 
-    trunk, tok = hf.load_export(random_export)
-    ours = gsm8k.run(MTPLM(trunk=trunk, tokenizer=tok), limit=3, data_dir=GSM8K_DATA)
-    theirs = gsm8k.run(HFLM(pretrained=str(random_export), max_length=4096, batch_size=3, device="cpu",
+    trunk, tok = hf.load_export(random_export_320)
+    lm = MTPLM(trunk=trunk, tokenizer=tok)
+    ours = gsm8k.run(lm, limit=3, data_dir=GSM8K_DATA)
+    theirs = gsm8k.run(HFLM(pretrained=str(random_export_320), max_length=320, batch_size=3, device="cpu",
                             dtype="float32"), limit=3, data_dir=GSM8K_DATA)
     assert [s["response"] for s in ours["samples"]] == [s["response"] for s in theirs["samples"]]
     assert len({s["response"] for s in ours["samples"]}) == 3 and all(s["response"].strip() for s in ours["samples"])
     for key in gsm8k.METRICS:
         assert ours[key] == theirs[key]
+    assert all(s["prompt_cut_tokens"] == s["prompt_tokens"] - (320 - 256) > 0 for s in ours["samples"])
+    assert [g["doc_id"] for g in ours["gold"]] == [g["doc_id"] for g in theirs["gold"]] == [0, 1, 2]
+    for a, b in zip(ours["gold"], theirs["gold"]):
+        assert a["gold_bits"] == pytest.approx(b["gold_bits"], rel=1e-4) and a["gold_bytes"] == b["gold_bytes"]
+        assert a["prompt_cut_tokens"] == a["prompt_tokens"] + a["gold_tokens"] - 321 > 0
 
 
 def test_loglikelihoods_agree_with_hflm(random_export):

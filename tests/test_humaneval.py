@@ -60,7 +60,9 @@ def test_generated_samples_file_is_human_evals_format_and_reproduces(tiny_runs, 
     path = tmp_path / "samples.jsonl"
     result = humaneval.run(run.model.trunk, run.tokenizer, path, limit=3, max_new_tokens=48)
     rows = list(stream_jsonl(str(path)))
-    assert [set(r) for r in rows] == [{"task_id", "completion"}] * 3
+    assert [set(r) for r in rows] == [{"task_id", "completion", "gold_bpb", "gold_bits", "gold_bytes", "gold_tokens",
+                                       "gold_prompt_tokens", "gold_prompt_cut_tokens", "prompt_tokens",
+                                       "prompt_cut_tokens"}] * 3
     assert [r["task_id"] for r in rows] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert all(not any(s in r["completion"] for s in humaneval.STOP_SEQUENCES) for r in rows)
     assert result["n"] == 3 and result["samples_path"] == str(path)

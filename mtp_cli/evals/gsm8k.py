@@ -1,10 +1,16 @@
-"""GSM8K through lm-eval: `simple_evaluate`, 5-shot, strict-match and flexible-extract.
+"""GSM8K through lm-eval: `simple_evaluate`, k-shot (5 by default), strict-match and flexible-extract,
+and the likelihood of the reference answers (`gold_bpb`).
 
 Online, it is lm-eval's stock `gsm8k` task (hub dataset `openai/gsm8k`). Offline (the default: the
 repository's `data/gsm8k`, or `--gsm8k-data DIR`) it runs the same task from DIR/train.jsonl and DIR/test.jsonl through the shipped YAML
 (`tasks/gsm8k_local.yaml`, which `include`s the stock one), rendered into a temporary folder and
 loaded with `TaskManager(include_path=...)`. Each score carries n and a Wilson 95% interval from
 lm-eval's own per-document results, next to lm-eval's standard error.
+
+Gold answers: `tasks/gsm8k_gold.yaml` turns the same task into a loglikelihood task, evaluated in
+the same `simple_evaluate` call, so lm-eval builds (few-shot prompt, " " + answer) requests from the
+same few-shot docs. Per question: bits = -log2 p(answer tokens | prompt), bytes = UTF-8 bytes of the
+scored continuation; `gold_bpb` is the mean over questions of bits / bytes, with a bootstrap interval.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import tempfile
@@ -27,6 +34,8 @@ from mtp_cli.errors import UserError
 from mtp_cli import stats
 
 LOCAL_YAML = Path(__file__).parent / "tasks" / "gsm8k_local.yaml"
+GOLD_YAML = Path(__file__).parent / "tasks" / "gsm8k_gold.yaml"
+GOLD_TASK = "gsm8k_gold"
 STOCK_YAML = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
 METRICS = ("exact_match,strict-match", "exact_match,flexible-extract")
 NUM_FEWSHOT = 5
@@ -43,14 +52,31 @@ def check_data(data_dir: str | Path) -> Path:
     return data_dir
 
 
-def render_task(data_dir: Path, into: Path) -> Path:
-    """Write the local task YAML with its __UPPERCASE__ fields filled in; returns its folder."""
-    text = LOCAL_YAML.read_text()
-    for key, value in {"__LM_EVAL_GSM8K_YAML__": STOCK_YAML, "__GSM8K_TRAIN__": data_dir / "train.jsonl",
-                       "__GSM8K_TEST__": data_dir / "test.jsonl"}.items():
+def _fill(template: Path, fields: dict, into: Path) -> Path:
+    text = template.read_text()
+    for key, value in fields.items():
         text = text.replace(key, json.dumps(str(value)))
-    (into / "gsm8k_local.yaml").write_text(text)
+    (into / template.name).write_text(text)
+    return into / template.name
+
+
+def render_task(data_dir: Path | None, into: Path) -> Path:
+    """Write the task YAMLs with their __UPPERCASE__ fields filled in (the local task only with `data_dir`;
+    the gold task on top of the local one, or of the stock one without); returns their folder."""
+    base = STOCK_YAML
+    if data_dir is not None:
+        base = _fill(LOCAL_YAML, {"__LM_EVAL_GSM8K_YAML__": STOCK_YAML, "__GSM8K_TRAIN__": data_dir / "train.jsonl",
+                                  "__GSM8K_TEST__": data_dir / "test.jsonl"}, into)
+    _fill(GOLD_YAML, {"__GSM8K_BASE_YAML__": base}, into)
     return into
+
+
+def load_tasks(data_dir: Path | None, into: Path) -> tuple[TaskManager, str]:
+    """(task manager, generative task name) with the gold task loadable beside it."""
+    task_dir = str(render_task(data_dir, into))
+    if data_dir is not None:
+        return TaskManager(include_path=task_dir, include_defaults=False), "gsm8k_local"
+    return TaskManager(include_path=task_dir), "gsm8k"
 
 
 def _offline() -> bool:
@@ -89,29 +115,91 @@ def preflight(data_dir: str | Path | None) -> Path | None:
     return None
 
 
-def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: int = 0) -> dict:
-    """Evaluate an lm-eval LM object on GSM8K. Returns the `results.gsm8k` entry."""
-    data_dir = preflight(data_dir)
+def check_fewshot(num_fewshot: int) -> int:
+    if isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int) or num_fewshot < 0:
+        raise UserError(f"--gsm8k-fewshot must be a whole number >= 0, got {num_fewshot!r}")
+    return num_fewshot
+
+
+def check_context(lm, limit: int | None, data_dir: Path | None, num_fewshot: int = NUM_FEWSHOT,
+                  seed: int = 0) -> None:
+    """With `lm.truncate` off, refuse before any model work if a prompt would need a cut: builds lm-eval's
+    requests for both tasks (as `run` will) and applies the same rules as the model class."""
+    from mtp_cli.evals import context as ctxlib
+    from mtp_cli.evals.lm import DEFAULT_MAX_GEN_TOKS
+
+    if lm.truncate:
+        return
     with tempfile.TemporaryDirectory(prefix="mtp-gsm8k-task-") as tmp:
-        if data_dir is not None:
-            task_dir = str(render_task(data_dir, Path(tmp)))
-            manager, task = TaskManager(include_path=task_dir, include_defaults=False), "gsm8k_local"
-        else:
-            manager, task = TaskManager(), "gsm8k"
+        manager, name = load_tasks(data_dir, Path(tmp))
+        logging.getLogger("lm_eval").setLevel(logging.ERROR)
+        tasks = manager.load([name, GOLD_TASK])["tasks"]
+        with _quiet_request_bar():
+            for task in tasks.values():
+                task.set_config(key="num_fewshot", value=num_fewshot)
+                task.set_fewshot_seed(seed=seed)
+                task.build_all_requests(limit=limit, rank=0, world_size=1)
+        generate = [i.args for i in tasks[name].instances]
+        gold = [lm._encode_pair(*i.args) for i in tasks[GOLD_TASK].instances]
+    budget = ctxlib.generation_budget(int(generate[0][1].get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)), lm.max_length)
+    lengths = [len(lm.tok_encode(context)) for context, _ in generate]
+    ctxlib.refuse(f"gsm8k ({num_fewshot}-shot)", [ctxlib.generation_cut(n, budget, lm.max_length) for n in lengths],
+                  lengths, lm.max_length, f"+ {budget} new tokens")
+    ctxlib.refuse(f"gsm8k gold ({num_fewshot}-shot)", [ctxlib.scoring_cut(len(c), len(t), lm.max_length) for c, t in gold],
+                  [len(c) for c, _ in gold], lm.max_length, "+ reference answer")
+
+
+def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: int = 0,
+        num_fewshot: int = NUM_FEWSHOT, gold: bool = True) -> dict:
+    """Evaluate an lm-eval LM object on GSM8K (and the gold answers' likelihood). Returns the
+    `results.gsm8k` entry, with per-question rows under "samples" and, with `gold`, "gold"."""
+    check_fewshot(num_fewshot)
+    data_dir = preflight(data_dir)
+    if getattr(lm, "truncate", True) is False:
+        check_context(lm, limit, data_dir, num_fewshot, seed)
+    with tempfile.TemporaryDirectory(prefix="mtp-gsm8k-task-") as tmp:
+        manager, task = load_tasks(data_dir, Path(tmp))
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
         datasets.disable_progress_bars()
         try:
             with _quiet_request_bar():
-                out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=NUM_FEWSHOT, limit=limit,
-                                              task_manager=manager, log_samples=True, random_seed=seed,
-                                              numpy_random_seed=seed, torch_random_seed=seed,
-                                              fewshot_random_seed=seed)
+                out = lm_eval.simple_evaluate(model=lm, tasks=[task] + ([GOLD_TASK] if gold else []),
+                                              num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+                                              log_samples=True, random_seed=seed, numpy_random_seed=seed,
+                                              torch_random_seed=seed, fewshot_random_seed=seed)
         except (ConnectionError, OSError) as exc:
             if data_dir is None:
                 raise UserError(f"could not load openai/gsm8k from the hub or its cache ({type(exc).__name__}); "
                                 "pass --gsm8k-data DIR to run from local files") from None
             raise
-    return summarize(out, task) | {"task": task, "data": paths.shown(data_dir) if data_dir else "hub:openai/gsm8k"}
+    result = summarize(out, task, num_fewshot)
+    records = getattr(lm, "records", {})
+    for row in result["samples"]:
+        row.update(records.get((task, "generate", row["doc_id"]), {}))
+    if gold:
+        result |= summarize_gold(out, records, task)
+    return result | {"task": task, "data": paths.shown(data_dir) if data_dir else "hub:openai/gsm8k"}
+
+
+def summarize_gold(out: dict, records: dict, generative_task: str) -> dict:
+    """Per-question bits per byte of the reference answer, from lm-eval's own loglikelihood samples
+    (checked to hold the very prompt the generative task sent for the same question)."""
+    from mtp_cli.evals.lm import scored_continuation
+
+    prompts = {s["doc_id"]: s["arguments"][0][0] for s in out["samples"][generative_task]}
+    rows = []
+    for sample in sorted(out["samples"][GOLD_TASK], key=lambda s: s["doc_id"]):
+        (context, continuation), = [tuple(a) for a in sample["arguments"]]
+        if prompts.get(sample["doc_id"]) != context:
+            raise RuntimeError(f"GSM8K doc {sample['doc_id']}: the gold request's prompt differs from the generative one")
+        logprob, _greedy = sample["resps"][0][0]  # one request per doc, one response per request
+        gold_bytes = len(scored_continuation(context, continuation).encode("utf-8"))
+        bits = -float(logprob) / math.log(2)
+        rows.append({"doc_id": int(sample["doc_id"]), "gold_bpb": bits / gold_bytes, "gold_bits": bits,
+                     "gold_bytes": gold_bytes, **records.get((GOLD_TASK, "loglikelihood", int(sample["doc_id"])), {})})
+    values = [r["gold_bpb"] for r in rows]
+    return {"gold_bpb": sum(values) / len(values), "gold_bpb_ci95": list(stats.bootstrap_mean(values)),
+            "gold_n": len(rows), "gold_ci_method": "bootstrap over questions", "gold": rows}
 
 
 @contextlib.contextmanager
@@ -131,13 +219,13 @@ def _quiet_request_bar():
         task_module.tqdm = original
 
 
-def summarize(out: dict, task: str) -> dict:
+def summarize(out: dict, task: str, num_fewshot: int = NUM_FEWSHOT) -> dict:
     """lm-eval's scores plus n and Wilson intervals recomputed from its per-document results."""
     scores = out["results"][task]
     per_doc: dict[str, list[float]] = {}
     for sample in out["samples"][task]:
         per_doc.setdefault(f"exact_match,{sample['filter']}", []).append(float(sample["exact_match"]))
-    result: dict = {"num_fewshot": NUM_FEWSHOT, "version": out.get("versions", {}).get(task)}
+    result: dict = {"num_fewshot": num_fewshot, "version": out.get("versions", {}).get(task)}
     for metric in METRICS:
         values = per_doc[metric]
         mean = sum(values) / len(values)

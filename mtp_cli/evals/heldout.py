@@ -6,7 +6,9 @@ prefix). For k = 1 that is exactly what greedy self-speculative decoding accepts
 
 `report` is `mtp eval`'s held-out task: the run's validation split (or any text file) in
 non-overlapping windows of the trained context, bits per byte over the UTF-8 bytes of exactly the
-predicted tokens, and a bootstrap interval over windows.
+predicted tokens, and a bootstrap interval over windows. Per-window rows (window, mean loss, tokens,
+bytes) come back under "windows" for the pairing file. Training logs `val_loss` on the first
+eval_batches x batch_size of these same windows only, so `train_val` repeats that subset's loss here.
 """
 
 from __future__ import annotations
@@ -95,13 +97,17 @@ def score_tokens(model: MTPModel, tokenizer, tokens: np.ndarray, limit: int | No
                       on_batch=(lambda: progress.advance(task)) if progress else None)
     targets = np.asarray(tokens[1:1 + n_windows * context], dtype=np.int64)
     n_bytes = len(tokenizer.decode(targets.tolist(), skip_special_tokens=True).encode("utf-8"))
+    windows = [{"window": w, "loss": loss, "tokens": context,
+                "bytes": len(tokenizer.decode(targets[w * context:(w + 1) * context].tolist(),
+                                              skip_special_tokens=True).encode("utf-8"))}
+               for w, loss in enumerate(window_losses)]
     n_tokens = n_windows * context
     bits_per_token = 1 / math.log(2)
     lo, hi = stats.bootstrap_mean(window_losses)
     to_bpb = n_tokens * bits_per_token / max(n_bytes, 1)
     out = {"loss": scores["loss"], "loss_ci95": [lo, hi], "bpb": scores["loss"] * to_bpb,
            "bpb_ci95": [lo * to_bpb, hi * to_bpb], "top1": scores["top1"], "n": n_tokens, "n_windows": n_windows,
-           "n_bytes": n_bytes, "context": context, "ci_method": "bootstrap over windows"}
+           "n_bytes": n_bytes, "context": context, "ci_method": "bootstrap over windows", "windows": windows}
     name = "depth" if model.objective == "sequential" else "head"
     extras = []
     for k in range(1, model.n_extra + 1):
@@ -119,6 +125,11 @@ def report(run, limit: int | None = None, text: str | Path | None = None, progre
                         "than the run; held-out loss would be meaningless (use --text FILE)")
     out = score_tokens(run.model, run.tokenizer, data.val, limit, progress, "heldout: validation")
     out["source"] = f"validation split ({run.recipe.data.source}, val_fraction {run.recipe.data.val_fraction})"
+    n_train = min(run.recipe.train.eval_batches * run.recipe.train.batch_size, out["n_windows"])
+    first = [w["loss"] for w in out["windows"][:n_train]]
+    out["train_val"] = {"windows": n_train, "loss": sum(first) / len(first),
+                        "note": f"training's val_loss: the first eval_batches x batch_size = {n_train} of these "
+                                f"{out['n_windows']} windows"}
     if text is not None:
         path = Path(text)
         try:

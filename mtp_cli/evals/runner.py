@@ -6,10 +6,15 @@ reads the full run, since it also reports each MTP depth/head. `mtp ablate` call
 
 The JSON (default `<run>/eval.json`):
     schema, run, step, objective, export, tasks, limits, seconds, hardware, git_commit,
-    results: {humaneval: {pass@1, pass@1_ci95, n, samples_path, ...},
-              gsm8k: {"exact_match,strict-match", "exact_match,flexible-extract", their _ci95, n, ...},
-              heldout: {loss, loss_ci95, bpb, bpb_ci95, top1, n, extra: [per depth/head], text?: {...}}}
-The README documents every key.
+    results: {humaneval: {pass@1, pass@1_ci95, n, samples_path, gold_bpb, gold_bpb_ci95, gold_n, ...},
+              gsm8k: {"exact_match,strict-match", "exact_match,flexible-extract", their _ci95, n, num_fewshot,
+                      gold_bpb, gold_bpb_ci95, gold_n, ...},
+              heldout: {loss, loss_ci95, bpb, bpb_ci95, top1, n, train_val, extra: [per depth/head], text?: {...}}}
+Every task also has `items_path` (its per-item file, relative to the JSON's folder: the HumanEval
+samples, eval_gsm8k_gold.jsonl, eval_heldout_windows.jsonl), and the generative tasks the context
+block of `context.summary` (context, prompts_cut, prompt_cut_tokens_max/_mean, prompts_over_context).
+Nothing runs past the trained context: prompts are cut by lm-eval's rule, or, with `truncate=False`
+(`--no-truncate`), an eval that would need a cut is refused. The README documents every key.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from mtp_cli import env, ui
 from mtp_cli.checkpoint import load_run, write_json
 from mtp_cli.config import EVAL_TASKS
 from mtp_cli.errors import UserError
+from mtp_cli.evals import context as ctxlib
 
 SCHEMA = 1
 
@@ -47,13 +53,21 @@ def parse_limits(limit: int | dict[str, int] | None, tasks: list[str]) -> dict[s
     return out
 
 
-def samples_path(json_path: Path, task: str) -> Path:
-    return json_path.with_name(f"{json_path.stem}_{task}_samples.jsonl")
+def samples_path(json_path: Path, task: str, kind: str = "samples") -> Path:
+    return json_path.with_name(f"{json_path.stem}_{task}_{kind}.jsonl")
+
+
+def write_rows(path: Path, rows) -> str:
+    """One JSON object per line; returns the file name (items paths are relative to the JSON's folder)."""
+    path.write_text("".join(json.dumps(r, default=float) + "\n" for r in rows))
+    return path.name
 
 
 def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k_data=None, samples=1,
-             temperature=0.0, text=None, json_path=None, show_progress=True) -> dict:
-    """Evaluate one run; writes and returns the eval JSON document."""
+             temperature=0.0, text=None, json_path=None, show_progress=True, truncate=True,
+             gsm8k_fewshot=None) -> dict:
+    """Evaluate one run; writes and returns the eval JSON document. `truncate=False` refuses any eval that
+    would need a prompt cut to stay inside the trained context; `gsm8k_fewshot` defaults to 5."""
     from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
     from mtp_cli.evals.lm import MTPLM
     from mtp_cli.model.hf import ensure_export, load_export
@@ -66,6 +80,7 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
         humaneval.check_decoding(samples, temperature)
         sandbox.detect()  # fails here, not after generating, where no fence can be built
     if "gsm8k" in tasks:
+        gsm8k.check_fewshot(gsm8k.NUM_FEWSHOT if gsm8k_fewshot is None else gsm8k_fewshot)
         gsm8k_data = gsm8k.preflight(gsm8k_data)
     if text is not None and not Path(text).is_file():
         raise UserError(f"--text {text}: no such file")
@@ -75,24 +90,40 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
     if {"humaneval", "gsm8k"} & set(tasks):
         export_dir = ensure_export(run_dir)
         trunk, tokenizer = load_export(export_dir)
+    fewshot = gsm8k.NUM_FEWSHOT if gsm8k_fewshot is None else gsm8k_fewshot
+    if "humaneval" in tasks:  # with truncate off, refusals come before any model work
+        humaneval.check_context(trunk, tokenizer, limits["humaneval"], truncate=truncate)
+    if "gsm8k" in tasks:
+        gsm8k.check_context(MTPLM(trunk=trunk, tokenizer=tokenizer, truncate=truncate), limits["gsm8k"], gsm8k_data,
+                            fewshot)
     results: dict = {}
     seconds: dict = {}
     with ui.progress(disable=not show_progress) as progress:
         for task in tasks:
             t0 = time.perf_counter()
             if task == "heldout":
-                results[task] = heldout.report(run, limits[task], text, progress)
+                result = heldout.report(run, limits[task], text, progress)
+                windows_path = write_rows(samples_path(json_path, task, "windows"), result.pop("windows"))
+                if "text" in result:
+                    result["text"].pop("windows")
+                results[task] = result | {"windows_path": windows_path, "items_path": windows_path}
             elif task == "humaneval":
                 results[task] = humaneval.run(trunk, tokenizer, samples_path(json_path, task), limits[task], samples,
-                                              temperature, progress=progress)
+                                              temperature, progress=progress, truncate=truncate)
             else:
-                lm = MTPLM(trunk=trunk, tokenizer=tokenizer, progress=progress)
-                result = gsm8k.run(lm, limits[task], gsm8k_data)
+                lm = MTPLM(trunk=trunk, tokenizer=tokenizer, progress=progress, truncate=truncate)
+                lm.score_description = "gsm8k: score gold answers"
+                result = gsm8k.run(lm, limits[task], gsm8k_data, num_fewshot=fewshot)
                 path = samples_path(json_path, task)
-                path.write_text("".join(json.dumps(s, default=float) + "\n" for s in result.pop("samples")))
-                over = sum(n > trunk.cfg.context for n in lm.prompt_lengths)
-                results[task] = result | {"samples_path": str(path), "prompts_over_context": over,
-                                          "prompt_tokens_max": max(lm.prompt_lengths, default=0)}
+                write_rows(path, result.pop("samples"))
+                gold = result.pop("gold")
+                gold_cut = ctxlib.summary([r["prompt_cut_tokens"] for r in gold], [r["prompt_tokens"] for r in gold],
+                                          trunk.cfg.context)
+                results[task] = result | {
+                    "samples_path": str(path), "items_path": write_rows(samples_path(json_path, task, "gold"), gold),
+                    "max_gen_toks": max(lm.gen_budgets, default=None),
+                    **ctxlib.summary(lm.prompt_cuts, lm.prompt_lengths, trunk.cfg.context),
+                    **{f"gold_{k}": gold_cut[k] for k in ("prompts_cut", "prompt_cut_tokens_max", "prompt_cut_tokens_mean")}}
             seconds[task] = round(time.perf_counter() - t0, 2)
     doc = {"schema": SCHEMA, "run": str(run_dir), "step": run.step, "objective": run.model.objective,
            "export": str(export_dir) if export_dir else None, "context": run.recipe.model.context, "tasks": tasks, "limits": limits,
@@ -100,6 +131,15 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
     write_json(json_path, doc)
     doc["json_path"] = str(json_path)
     return doc
+
+
+def _gold_and_cuts(rows: list, label: str, task: dict) -> None:
+    if "gold_bpb" in task:
+        rows.append([label, "gold bits/byte", f"{task['gold_bpb']:.4f}", _ci(task["gold_bpb_ci95"]), str(task["gold_n"])])
+    if "prompts_cut" in task:
+        rows.append([label, f"prompts cut to {task['context']} (max/mean)",
+                     f"{task['prompts_cut']} ({task['prompt_cut_tokens_max']} / {task['prompt_cut_tokens_mean']:.0f})",
+                     "", str(task["n"])])
 
 
 def _ci(lo_hi) -> str:
@@ -116,10 +156,12 @@ def results_table(doc: dict):
         h = res["humaneval"]
         for key in (k for k in h if k.startswith("pass@") and "_" not in k):
             rows.append(["humaneval", key, f"{h[key]:.3f}", _ci(h[f"{key}_ci95"]), str(h["n"])])
+        _gold_and_cuts(rows, "humaneval", h)
     if "gsm8k" in res:
         g = res["gsm8k"]
         for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
             rows.append(["gsm8k", key.split(",")[1], f"{g[key]:.3f}", _ci(g[f"{key}_ci95"]), str(g["n"])])
+        _gold_and_cuts(rows, f"gsm8k ({g['num_fewshot']}-shot)", g)
     if "heldout" in res:
         for label, h in (("heldout", res["heldout"]), ("text", res["heldout"].get("text"))):
             if not h:
@@ -127,6 +169,9 @@ def results_table(doc: dict):
             rows.append([label, "loss (nats/token)", f"{h['loss']:.4f}", _ci(h["loss_ci95"]), f"{h['n']:,}"])
             rows.append([label, "bits per byte", f"{h['bpb']:.4f}", _ci(h["bpb_ci95"]), f"{h['n_bytes']:,} B"])
             rows.append([label, "top-1", f"{h['top1']:.3f}", "", f"{h['n']:,}"])
+            if "train_val" in h:
+                rows.append([label, f"loss, training's {h['train_val']['windows']} val windows",
+                             f"{h['train_val']['loss']:.4f}", "", ""])
             for e in h["extra"]:
                 rows.append([label, f"{e['name']} ({e['predicts']}) loss / top-1 / agree",
                              f"{e['loss']:.3f} / {e['top1']:.3f} / {e['agree']:.3f}", "", f"{e['n']:,}"])
