@@ -1,0 +1,168 @@
+"""Starting from a pretrained checkpoint: tiny random Llama/Qwen2 checkpoints made with transformers
+itself (tied, GQA, q/k/v biases, llama3 RoPE) load into our trunk with transformers' logits, export
+back unchanged, and bad sources are one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.errors import UserError
+from mtp_cli.model import pretrained
+from mtp_cli.model.trunk import rope_inv_freq
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=128, rms_norm_eps=1e-6, initializer_range=0.2)
+CASES = {
+    "llama-tied": (LlamaForCausalLM, LlamaConfig, dict(num_key_value_heads=4, tie_word_embeddings=True)),
+    "llama-gqa-untied": (LlamaForCausalLM, LlamaConfig, dict(num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama3-rope": (LlamaForCausalLM, LlamaConfig, dict(num_key_value_heads=2, tie_word_embeddings=True,
+                                                        rope_parameters=LLAMA3_ROPE)),
+    "qwen2-biased-gqa": (Qwen2ForCausalLM, Qwen2Config, dict(num_key_value_heads=2, tie_word_embeddings=False,
+                                                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+}
+
+
+def make_checkpoint(folder: Path, case: str, tokenizer_from: Path | None = None, seed: int = 0) -> Path:
+    """A random checkpoint of `case` saved with save_pretrained; q/k/v biases randomised so a dropped bias shows."""
+    model_cls, cfg_cls, extra = CASES[case]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**COMMON, **extra)).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    tok = toklib.load(tokenizer_from) if tokenizer_from else toklib.train_bpe(["def f(x):\n    return x + 1\n"] * 20, 290)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {case: make_checkpoint(root / case, case) for case in CASES}
+
+
+def _hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trunk_logits_equal_transformers(checkpoints, case):
+    folder = checkpoints[case]
+    trunk, tok, src = pretrained.load_trunk(folder)
+    ids = torch.randint(0, 300, (2, 100), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = trunk(ids)
+    ref = _hf_logits(folder, ids)
+    assert ref.abs().max() > 0.5  # a real signal, not all zeros
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    assert src.record()["weights_sha256"] == pretrained.weights_hash(folder)
+
+
+def test_llama3_inverse_frequencies_match_transformers():
+    cfg = LlamaConfig(**COMMON, rope_parameters=LLAMA3_ROPE)
+    ref, scale = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    ours = rope_inv_freq(16, LLAMA3_ROPE["rope_theta"], {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"})
+    assert scale == 1.0
+    torch.testing.assert_close(ours, ref.float(), atol=0, rtol=1e-6)
+    plain = rope_inv_freq(16, LLAMA3_ROPE["rope_theta"])
+    assert not torch.allclose(plain, ours)  # the scaling does something at this context
+
+
+@pytest.mark.parametrize("case", ["llama-tied", "qwen2-biased-gqa", "llama3-rope"])
+def test_export_of_untrained_init_reproduces_source(checkpoints, case, tmp_path):
+    """A run initialised from the source and trained 0 steps exports to a checkpoint with the source's logits."""
+    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.model import MTPModel
+    from mtp_cli.model.hf import trunk_to_hf
+
+    recipe = Recipe()
+    recipe.train.init_from = str(checkpoints[case])
+    src = pretrained.resolve_recipe(recipe, given=set())
+    model = MTPModel(recipe.model, MTPConfig("sequential", depth=1))
+    pretrained.init_model(model, src)
+    hf = trunk_to_hf(model.trunk, toklib.load(checkpoints[case]))
+    hf.save_pretrained(tmp_path / "export")
+    ids = torch.randint(0, 300, (1, 90), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(_hf_logits(tmp_path / "export", ids), _hf_logits(checkpoints[case], ids), atol=1e-5, rtol=0)
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == \
+        json.loads((checkpoints[case] / "config.json").read_text())["architectures"]
+
+
+def test_modules_start_from_the_trunk(checkpoints):
+    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.model import MTPModel
+
+    recipe = Recipe()
+    recipe.train.init_from = str(checkpoints["llama-gqa-untied"])
+    src = pretrained.resolve_recipe(recipe, given=set())
+    for mtp in (MTPConfig("sequential", depth=2), MTPConfig("parallel", heads=3, compute_matched=False)):
+        model = MTPModel(recipe.model, mtp)
+        pretrained.init_model(model, src)
+        last = model.trunk.layers[-1].state_dict()
+        for module in model.mtp:
+            block = module.block if mtp.objective == "sequential" else module
+            for k, v in block.state_dict().items():
+                assert torch.equal(v, last[k]), k
+    with pytest.raises(UserError, match="compute_matched = false"):
+        pretrained.init_model(MTPModel(recipe.model, MTPConfig("parallel", heads=2)), src)
+
+
+def test_recipe_resolution(checkpoints):
+    from mtp_cli.config import Recipe
+
+    folder = checkpoints["llama-gqa-untied"]
+    recipe = Recipe()
+    recipe.train.init_from = str(folder)
+    recipe.model.n_layers, recipe.model.context = 7, 32  # not given: the checkpoint's layers; context given: kept
+    pretrained.resolve_recipe(recipe, given={"context"})
+    assert (recipe.model.n_layers, recipe.model.context, recipe.model.kv_heads) == (2, 32, 2)
+    assert recipe.data.tokenizer == str(folder)
+    pretrained.resolve_recipe(recipe, given=None)  # a resolved recipe agrees with its source
+    recipe.model.d_model = 128
+    with pytest.raises(UserError, match="model.d_model = 128 contradicts"):
+        pretrained.resolve_recipe(recipe, given={"d_model"})
+    recipe = Recipe()
+    recipe.train.init_from = str(folder)
+    recipe.model.context = 4096
+    with pytest.raises(UserError, match="longer than"):
+        pretrained.resolve_recipe(recipe, given={"context"})
+
+
+def test_unsupported_and_missing_sources(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(UserError, match="GPT2LMHeadModel"):
+        pretrained.read_source(tmp_path / "gpt2")
+    LlamaForCausalLM(LlamaConfig(**COMMON, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0})
+                     ).save_pretrained(tmp_path / "yarn")
+    with pytest.raises(UserError, match="yarn"):
+        pretrained.read_source(tmp_path / "yarn")
+    with pytest.raises(UserError, match="no such folder"):
+        pretrained.read_source(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--init-from", "/nonexistent/model", "--steps", "1"],
+    ["eval", "--hf", "/nonexistent/model"],
+])
+def test_missing_source_is_one_line_exit_2(argv, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mtp_cli", *argv], capture_output=True, text=True, cwd=tmp_path,
+                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "/nonexistent/model" in proc.stderr
