@@ -41,20 +41,36 @@ def train(
     out: Optional[Path] = typer.Option(None, help="Run folder (default: runs/<recipe>-<objective>-...-s<seed>)."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint, with its own recipe."),
     force: bool = typer.Option(False, help="Overwrite the run in --out."),
+    init_from: Optional[str] = typer.Option(None, help="Start the trunk from this Hugging Face checkpoint (a folder or "
+                                            "a Hub id; Llama or Qwen2): its architecture and tokenizer."),
+    freeze_trunk: Optional[bool] = typer.Option(None, "--freeze-trunk/--no-freeze-trunk",
+                                                help="Train only the MTP modules (with --init-from)."),
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
     from mtp_cli import checkpoint as ckpt
     from mtp_cli import train as trainer
-    from mtp_cli.config import load_recipe, objective_from_flags
+    from mtp_cli.config import load_recipe, objective_from_flags, resolve_recipe_path
+    from mtp_cli.model import pretrained
 
     if resume and out is not None and recipe is None:
         r = ckpt.recipe_of_run(out)
+        if init_from is not None and init_from != r.train.init_from:
+            raise UserError(f"--init-from {init_from}: the run in {out} started from "
+                            f"{r.train.init_from or 'a random init'}; resume it without --init-from")
     else:
         r = load_recipe(recipe or "quick")
+        r.override("train", init_from=init_from)
+        if r.train.init_from:  # the checkpoint decides [model]; the default recipe's never applies
+            given = pretrained.given_model_keys(resolve_recipe_path(recipe)) if recipe else set()
+            if not recipe and lr is None:
+                ui.console.print(f"warning: --init-from without --recipe trains at the quick recipe's lr {r.train.lr:g}, "
+                                 "set for a random init; pass --lr or a recipe (e.g. gpu-smollm2-135m)", markup=False)
+            pretrained.resolve_recipe(r, given)
     objective = objective_from_flags(r.mtp.objective, objective, depth, heads, lam)
     r.override("mtp", objective=objective, depth=depth, heads=heads, lambda_=lam, lambda_final=lambda_final,
                lambda_switch=lambda_switch, mtp_input=mtp_input)
-    r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device, compile=compile)
+    r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device, compile=compile,
+               freeze_trunk=freeze_trunk)
     if data:
         r.override("data", source="files", paths=list(data))
     r.validate()

@@ -166,3 +166,81 @@ def test_missing_source_is_one_line_exit_2(argv, tmp_path):
                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "/nonexistent/model" in proc.stderr
+
+
+def _frozen_recipe(folder: Path, **data_kw):
+    from conftest import TINY_FILES
+
+    from mtp_cli.config import DataConfig, MTPConfig, Recipe, TrainConfig
+
+    recipe = Recipe(name="posthoc", mtp=MTPConfig("sequential", depth=1),
+                    data=DataConfig(**{"source": "files", "paths": list(TINY_FILES), **data_kw}),
+                    train=TrainConfig(steps=6, batch_size=4, lr=1e-3, warmup=1, eval_every=6, eval_batches=1,
+                                      ckpt_every=6, peak_flops=1e11, init_from=str(folder), freeze_trunk=True))
+    recipe.model.context = 32
+    pretrained.resolve_recipe(recipe, given={"context"})
+    return recipe
+
+
+@pytest.mark.parametrize("case", ["llama-tied", "qwen2-biased-gqa"])
+def test_frozen_trunk_is_bit_identical_after_training(checkpoints, case, tmp_path):
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.train import train
+
+    folder = checkpoints[case]
+    summary = train(_frozen_recipe(folder), tmp_path / "run", show_progress=False)
+    assert summary["init_from"]["weights_sha256"] == pretrained.weights_hash(folder)
+    run = load_run(tmp_path / "run")
+    source, _, _ = pretrained.load_trunk(folder)
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(run.model.trunk.state_dict()[name], tensor), name
+    from mtp_cli.model import MTPModel
+
+    start = MTPModel(run.recipe.model, run.recipe.mtp)
+    pretrained.init_model(start, pretrained.read_source(folder))
+    moved = [k for k, v in start.mtp.state_dict().items() if not torch.equal(v, run.model.mtp.state_dict()[k])]
+    assert moved  # the modules did train
+
+
+def test_self_distilled_data_is_the_trunks_greedy_text(checkpoints, tmp_path):
+    """The self corpus is prompt + greedy continuation, as transformers' own greedy decoding writes it,
+    cached under a key that carries the trunk's weights hash."""
+    from conftest import TINY_FILES
+
+    from mtp_cli.config import DataConfig
+    from mtp_cli.data import selfdistill
+
+    folder = checkpoints["llama-gqa-untied"]
+    cfg = DataConfig(source="self", self_prompts="files", paths=list(TINY_FILES[:2]), self_samples=3,
+                     self_prompt_tokens=8, self_new_tokens=12)
+    docs = selfdistill.documents(cfg, str(folder), tmp_path, show_progress=False)
+    assert len(docs) == 3
+    tok = toklib.load(folder)
+    prompts = selfdistill.prompt_ids(cfg, tok)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    for doc, prompt in zip(docs, prompts):
+        ids = torch.tensor([prompt])
+        ref = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)[0].tolist()
+        assert doc == tok.decode(ref[:ref.index(tok.eos_token_id) + 1] if tok.eos_token_id in ref else ref,
+                                 skip_special_tokens=True)
+    cached = list((tmp_path / "self").glob("*.jsonl"))
+    assert len(cached) == 1
+    assert json.loads(cached[0].read_text().splitlines()[0])["meta"]["weights_sha256"] == pretrained.weights_hash(folder)
+    other = make_checkpoint(tmp_path / "other", "llama-gqa-untied", tokenizer_from=folder, seed=5)
+    selfdistill.documents(cfg, str(other), tmp_path, show_progress=False)
+    assert len(list((tmp_path / "self").glob("*.jsonl"))) == 2  # other weights, another cache entry
+
+
+def test_bad_combinations_are_errors(checkpoints):
+    from mtp_cli.config import Recipe
+
+    recipe = Recipe()
+    recipe.train.freeze_trunk = True
+    recipe.train.init_from = str(checkpoints["llama-tied"])
+    with pytest.raises(UserError, match="nothing to train"):
+        recipe.validate()
+    recipe.train.init_from = ""
+    recipe.mtp.objective = "sequential"
+    with pytest.raises(UserError, match="needs --init-from"):
+        recipe.validate()

@@ -79,8 +79,9 @@ def get_tokenizer(cfg: DataConfig, vocab_size: int, docs: list[str], corpus_key:
     return toklib.load(tok_dir)
 
 
-def prepare(cfg: DataConfig, vocab_size: int) -> TokenData:
-    docs = sources.corpus(cfg)
+def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> TokenData:
+    """`docs`: the corpus when the caller built it (data.source = "self"); else read from `cfg`."""
+    docs = sources.corpus(cfg) if docs is None else docs
     corpus_key = sources.fingerprint(docs)
     tok = get_tokenizer(cfg, vocab_size, docs, corpus_key)
     key = f"{corpus_key}-{toklib.fingerprint(tok)}-{cfg.val_fraction}"
