@@ -62,10 +62,11 @@ def train(
         r.override("train", init_from=init_from)
         if r.train.init_from:  # the checkpoint decides [model]; the default recipe's never applies
             given = pretrained.given_model_keys(resolve_recipe_path(recipe)) if recipe else set()
+            pretrained.resolve_recipe(r, given)
             if not recipe and lr is None:
                 ui.console.print(f"warning: --init-from without --recipe trains at the quick recipe's lr {r.train.lr:g}, "
-                                 "set for a random init; pass --lr or a recipe (e.g. gpu-smollm2-135m)", markup=False)
-            pretrained.resolve_recipe(r, given)
+                                 "set for a random init; pass --lr or a recipe (e.g. gpu-smollm2-135m)",
+                                 markup=False, soft_wrap=True)
     objective = objective_from_flags(r.mtp.objective, objective, depth, heads, lam)
     r.override("mtp", objective=objective, depth=depth, heads=heads, lambda_=lam, lambda_final=lambda_final,
                lambda_switch=lambda_switch, mtp_input=mtp_input)
@@ -113,7 +114,7 @@ def export(
 
 @app.command("eval")
 def eval_(
-    run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
+    run: Optional[Path] = typer.Argument(None, help="A run folder (from `mtp train`); or give --hf."),
     tasks: str = typer.Option("humaneval,gsm8k,heldout", help="Comma-separated: humaneval, gsm8k, heldout."),
     limit: Optional[int] = typer.Option(None, help="First N problems / documents / validation windows of each task (0 = all)."),
     gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl (offline); default: the hub."),
@@ -122,6 +123,10 @@ def eval_(
     text: Optional[Path] = typer.Option(None, help="Also report held-out loss and bits per byte on this text file."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/eval.json)."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's; 1 is fastest for small models on busy cores)."),
+    hf: Optional[str] = typer.Option(None, "--hf", help="Evaluate a Hugging Face checkpoint (folder or Hub id) instead "
+                                     "of a run: the 'before' row of continued pretraining."),
+    recipe: Optional[str] = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
+                                         "(default: quick)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     import torch
@@ -132,8 +137,10 @@ def eval_(
         if threads < 1:
             raise UserError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    if recipe is not None and hf is None:
+        raise UserError("--recipe is for --hf (a run evaluates on its own recipe's data)")
     doc = run_eval(run, tasks, limit=limit, gsm8k_data=gsm8k_data, samples=samples, temperature=temperature,
-                   text=text, json_path=json_path)
+                   text=text, json_path=json_path, hf=hf, recipe=recipe)
     ui.out.print(results_table(doc))
     ui.out.print(f"results written to {doc['json_path']}", markup=False)
 

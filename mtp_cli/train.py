@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mtp_cli import checkpoint as ckpt
 from mtp_cli import env, ui
 from mtp_cli.config import Recipe
-from mtp_cli.data import selfdistill, shards
+from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout
@@ -201,14 +201,12 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     out.mkdir(parents=True, exist_ok=True)
 
     # Data: rank 0 builds the cache, the others read it.
-    self_docs = lambda: (selfdistill.documents(recipe.data, t.init_from, shards.cache_root(recipe.data),  # noqa: E731
-                                               show_progress and ddp.main) if recipe.data.source == "self" else None)
     if ddp.main:
-        data = shards.prepare(recipe.data, recipe.model.vocab_size, self_docs())
+        data = shards.prepare_for(recipe, show_progress)
     if ddp.world > 1:
         dist.barrier()
     if not ddp.main:
-        data = shards.prepare(recipe.data, recipe.model.vocab_size, self_docs())
+        data = shards.prepare_for(recipe)
     _check_data_size(data, recipe.model.context)
     if source is not None:  # the checkpoint's embedding may have more rows than its tokenizer
         if len(data.tokenizer) > recipe.model.vocab_size:

@@ -5,8 +5,6 @@ back unchanged, and bad sources are one-line errors."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -157,15 +155,34 @@ def test_unsupported_and_missing_sources(tmp_path):
         pretrained.read_source(tmp_path / "nothing")
 
 
-@pytest.mark.parametrize("argv", [
-    ["train", "--init-from", "/nonexistent/model", "--steps", "1"],
-    ["eval", "--hf", "/nonexistent/model"],
-])
-def test_missing_source_is_one_line_exit_2(argv, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mtp_cli", *argv], capture_output=True, text=True, cwd=tmp_path,
-                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "/nonexistent/model" in proc.stderr
+def test_bad_input_is_one_line_exit_2(checkpoints, tmp_path, capsys, monkeypatch):
+    """Through the CLI entry point: a missing source, an unsupported architecture, --freeze-trunk with
+    ntp, a recipe contradicting the checkpoint, and --resume with another source: one line, exit 2."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from conftest import cli_in_process
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    folder = checkpoints["llama-tied"]
+    (tmp_path / "wide.toml").write_text("[model]\nd_model = 128\n")
+    capsys.readouterr()
+    cases = [
+        (["train", "--init-from", "/nonexistent/model", "--steps", "1"], "/nonexistent/model"),
+        (["eval", "--hf", "/nonexistent/model"], "/nonexistent/model"),
+        (["eval", "--hf", tmp_path / "gpt2", "--tasks", "heldout"], "GPT2LMHeadModel"),
+        (["train", "--init-from", folder, "--freeze-trunk", "--objective", "ntp", "--lr", "1e-4"], "nothing to train"),
+        (["train", "--init-from", folder, "--recipe", tmp_path / "wide.toml"], "model.d_model = 128 contradicts"),
+    ]
+    run = tmp_path / "run"
+    (run).mkdir()
+    (run / "run.json").write_text(json.dumps({"recipe": {"train": {"init_from": str(folder)}}}))
+    cases.append((["train", "--resume", "--out", run, "--init-from", checkpoints["llama3-rope"]], "started from"))
+    for argv, needle in cases:
+        code, _, err = cli_in_process(*argv, capsys=capsys)
+        assert code == 2, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and needle in err.replace("\n", ""), (argv, err)
 
 
 def _frozen_recipe(folder: Path, **data_kw):
@@ -244,3 +261,30 @@ def test_bad_combinations_are_errors(checkpoints):
     recipe.mtp.objective = "sequential"
     with pytest.raises(UserError, match="needs --init-from"):
         recipe.validate()
+
+
+def test_eval_hf_heldout_matches_transformers(checkpoints, tmp_path):
+    """`mtp eval --hf` scores the checkpoint itself: its held-out loss is transformers' cross-entropy
+    on the same validation windows."""
+    from conftest import TINY_FILES
+
+    from mtp_cli.config import load_recipe
+    from mtp_cli.data import shards
+    from mtp_cli.evals.runner import hf_run, run_eval
+
+    folder = checkpoints["qwen2-biased-gqa"]
+    recipe_file = tmp_path / "r.toml"
+    recipe_file.write_text(f"[model]\ncontext = 48\n[data]\nsource = 'files'\npaths = {json.dumps(TINY_FILES)}\n")
+    doc = run_eval(tasks="heldout", limit=3, hf=str(folder), recipe=str(recipe_file), json_path=tmp_path / "e.json",
+                   show_progress=False)
+    assert doc["hf"]["weights_sha256"] == pretrained.weights_hash(folder) and doc["context"] == 48
+    run, _ = hf_run(str(folder), str(recipe_file))
+    val = shards.prepare_for(run.recipe).val
+    ids = torch.from_numpy(val[:3 * 48 + 1].astype("int64"))
+    windows = torch.stack([ids[i * 48:(i + 1) * 48 + 1] for i in range(3)])
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(windows[:, :-1]).logits
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+    assert abs(doc["results"]["heldout"]["loss"] - float(ref)) < 1e-4
+    assert load_recipe("quick").model.n_layers != run.recipe.model.n_layers  # [model] is the checkpoint's
