@@ -224,6 +224,7 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
     limits: dict[str, int] = field(default_factory=dict)  # task -> first N items; absent or 0 = all
     gsm8k_data: str = "../shared/data/gsm8k"  # relative paths resolve against the repository; "" = online stock task
+    baseline: bool = False  # also evaluate train.init_from itself (`mtp eval --hf`): the "before" row
 
     def limit(self, task: str) -> int | None:
         return self.limits.get(task) or None
@@ -264,6 +265,17 @@ class SpecbenchConfig:
 
 
 @dataclass
+class SourceConfig:
+    """How `mtp ablate` produces a local train.init_from that a clone does not have (exports are not
+    committed): train and export variant `variant`, seed `seed`, of recipe `recipe` into
+    results/<this recipe>/source/<variant>-s<seed>/ (its export/ is then the init_from)."""
+
+    recipe: str = ""
+    variant: str = ""
+    seed: int = 0
+
+
+@dataclass
 class Variant:
     """One column of an ablation: a name plus overrides of the recipe's sections, e.g.
     `{name = "seq-d1", mtp = {objective = "sequential", depth = 1, lambda = 0.3}}`."""
@@ -289,6 +301,7 @@ class Recipe:
     specbench: SpecbenchConfig = field(default_factory=SpecbenchConfig)
     variants: list[Variant] = field(default_factory=list)
     description: str = ""
+    source: SourceConfig = field(default_factory=SourceConfig)
 
     def validate(self) -> Recipe:
         self.model.validate()

@@ -288,3 +288,49 @@ def test_eval_hf_heldout_matches_transformers(checkpoints, tmp_path):
     ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
     assert abs(doc["results"]["heldout"]["loss"] - float(ref)) < 1e-4
     assert load_recipe("quick").model.n_layers != run.recipe.model.n_layers  # [model] is the checkpoint's
+
+
+@pytest.mark.slow
+def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
+    """cpu-posthoc in miniature, through `mtp ablate`: the [source] stage trains and exports an NTP run of another
+    recipe, two frozen-trunk D=1 modules train from its export (self-distilled data, corpus), eval and specbench
+    run, and the baseline is the export evaluated as it is. The trunk's held-out loss is the baseline's in every
+    run, and the trunk weights are the source's bit for bit."""
+    from conftest import ablation_toml
+
+    from mtp_cli.ablate import run_ablation
+    from mtp_cli.checkpoint import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src.toml").write_text(ablation_toml(name="src", steps=8, variants='[[variants]]\nname = "ntp"\n'))
+    variants = ('[[variants]]\nname = "self"\ndata = { source = "self" }\n\n[[variants]]\nname = "corpus"\n')
+    post = ablation_toml(name="post", steps=4, eval_tasks=("heldout",), variants=variants)
+    post = post.replace("[model]\nvocab_size = 512\nn_layers = 3\nd_model = 32\nn_heads = 2\nffn_hidden = 64\ncontext = 32\n",
+                        "[model]\ncontext = 32\n")
+    post = post.replace("[train]\n", '[train]\ninit_from = "results/post/source/ntp-s0/export"\nfreeze_trunk = true\n')
+    post = post.replace('[data]\n', '[data]\nself_prompts = "files"\nself_samples = 8\nself_prompt_tokens = 8\n'
+                        'self_new_tokens = 24\n')
+    post = post.replace('[eval]\n', '[eval]\nbaseline = true\n')
+    post += '\n[source]\nrecipe = "src.toml"\nvariant = "ntp"\nseed = 0\n\n[mtp]\nobjective = "sequential"\ndepth = 1\n'
+    (tmp_path / "post.toml").write_text(post)
+
+    dry = run_ablation("post.toml", dry_run=True)
+    assert dry.extra_stages == ["source", "baseline"]
+    ab = run_ablation("post.toml", show_progress=False)
+    assert not ab.failures, ab.failures
+    source_trunk = {k: v for k, v in load_checkpoint(tmp_path / "results/post/source/ntp-s0")["model"].items()
+                    if k.startswith("trunk.")}
+    baseline = json.loads((tmp_path / "results/post/baseline/eval.json").read_text())
+    for name in ("self-s0", "corpus-s0"):
+        run = tmp_path / "results/post/runs" / name
+        trained = load_checkpoint(run)["model"]
+        for key, tensor in source_trunk.items():
+            assert torch.equal(trained[key], tensor), (name, key)
+        assert json.loads((run / "specbench.json").read_text())["results"]
+        run_json = json.loads((run / "run.json").read_text())
+        assert run_json["init_from"]["weights_sha256"] == baseline["hf"]["weights_sha256"]
+    runs = {n: json.loads((tmp_path / f"results/post/runs/{n}-s0/run.json").read_text()) for n in ("self", "corpus")}
+    assert runs["self"]["recipe"]["data"]["source"] == "self" and runs["self"]["data"]["key"] != runs["corpus"]["data"]["key"]
+    corpus_eval = json.loads((tmp_path / "results/post/runs/corpus-s0/eval.json").read_text())
+    assert corpus_eval["results"]["heldout"]["loss"] == baseline["results"]["heldout"]["loss"]
+    assert run_ablation("post.toml", dry_run=True).extra_stages == []  # the source and baseline are done
