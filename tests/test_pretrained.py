@@ -334,3 +334,46 @@ def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
     corpus_eval = json.loads((tmp_path / "results/post/runs/corpus-s0/eval.json").read_text())
     assert corpus_eval["results"]["heldout"]["loss"] == baseline["results"]["heldout"]["loss"]
     assert run_ablation("post.toml", dry_run=True).extra_stages == []  # the source and baseline are done
+
+
+def test_frozen_trunk_runs_without_autograd(checkpoints):
+    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.model import MTPModel
+
+    recipe = Recipe()
+    recipe.train.init_from = str(checkpoints["llama-tied"])
+    src = pretrained.resolve_recipe(recipe, given=set())
+    for mtp in (MTPConfig("sequential", depth=1), MTPConfig("parallel", heads=2, compute_matched=False)):
+        model = MTPModel(recipe.model, mtp)
+        pretrained.init_model(model, src)
+        x = torch.randint(0, 300, (2, 16))
+        model.frozen_trunk = True  # the no-grad forward alone: no graph through the trunk's blocks
+        model(x[:, :-1], x[:, 1:]).loss.backward()
+        assert all(p.grad is None for p in model.trunk.layers.parameters())
+        model.zero_grad(set_to_none=True)
+        model.freeze_trunk()
+        out = model(x[:, :-1], x[:, 1:])
+        assert not out.loss_main.requires_grad
+        out.loss.backward()
+        assert all(p.grad is None for p in model.trunk.parameters())
+        assert all(p.grad is not None for p in model.mtp.parameters())
+
+
+def test_cli_train_init_from_uses_the_checkpoint(checkpoints, tmp_path, capsys, monkeypatch):
+    """`mtp train --init-from` with a recipe that sets only the context: the checkpoint's architecture and
+    tokenizer, and run.json records the source and its weights' hash."""
+    from conftest import TINY_FILES, cli_in_process
+
+    monkeypatch.chdir(tmp_path)
+    folder = checkpoints["qwen2-biased-gqa"]
+    (tmp_path / "r.toml").write_text(f"[model]\ncontext = 32\n[data]\nsource = 'files'\npaths = {json.dumps(TINY_FILES)}\n"
+                                     "[train]\nbatch_size = 2\nwarmup = 1\neval_batches = 1\npeak_flops = 1e11\n")
+    code, _, err = cli_in_process("train", "--init-from", folder, "--recipe", tmp_path / "r.toml", "--steps", "2",
+                                  "--lr", "1e-4", "--depth", "1", "--out", tmp_path / "run", capsys=capsys)
+    assert code == 0, err
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["init_from"] == {"source": str(folder), "path": str(folder), "architecture": "Qwen2ForCausalLM",
+                                "weights_sha256": pretrained.weights_hash(folder)}
+    model = run["recipe"]["model"]
+    assert (model["n_layers"], model["d_model"], model["n_kv_heads"], model["qkv_bias"], model["context"]) == (2, 64, 2, True, 32)
+    assert run["data"]["tokenizer_size"] == len(toklib.load(folder))

@@ -28,7 +28,7 @@ from mtp_cli.config import DataConfig
 from mtp_cli.data import sources
 from mtp_cli.errors import UserError
 
-BATCH = 16
+BATCH = 64
 
 
 def _corpus_prompts(cfg: DataConfig, tokenizer) -> list[list[int]]:
