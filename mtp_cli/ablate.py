@@ -79,6 +79,8 @@ def plan(recipe_path: str | Path, only: str | list[str] | None = None, seeds: li
         for seed in seed_list:
             run_recipe = recipe.for_run(v, seed)
             run_dir = results_dir / results.RUNS / results.run_name(v.name, seed)
+            if recipe.source.recipe and not run_recipe.train.init_from:
+                run_recipe.train.init_from = str(ablate_source.source_export(results_dir, recipe))
             keys = given_model_keys(source, v.model) if run_recipe.train.init_from else set()
             cells.append(Cell(v, seed, run_recipe, run_dir,
                               results.pending_stages(results.RunFolder(run_dir), run_recipe), keys))
@@ -449,7 +451,7 @@ def plan_table(ab: Ablation):
                           _duration(e.seconds), e.basis)
     for stage in ab.extra_stages:  # ablate_source: before the grid (source) and after it (baseline)
         what = (f"train + export {ab.recipe.source.recipe}/{ab.recipe.source.variant} (seed {ab.recipe.source.seed})"
-                if stage == ablate_source.SOURCE else f"mtp eval --hf {ab.recipe.train.init_from}")
+                if stage == ablate_source.SOURCE else f"mtp eval --hf {ablate_source.baseline_source(ab)}")
         table.add_row(stage, what, stage, "?", "")
         unknown += 1
     more = f" + {unknown} stage(s) not yet measured" if unknown else ""

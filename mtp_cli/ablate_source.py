@@ -30,6 +30,11 @@ def source_run_dir(results_dir: Path, recipe) -> Path | None:
     return results_dir / SOURCE / results.run_name(s.variant, s.seed)
 
 
+def source_export(results_dir: Path, recipe) -> Path:
+    """The [source] run's export: the init_from of every run of a recipe that leaves it out."""
+    return source_run_dir(results_dir, recipe) / results.EXPORT
+
+
 def _is_local(init_from: str) -> bool:
     return init_from.startswith((".", "/", "~")) or init_from.count("/") != 1 or Path(init_from).expanduser().exists()
 
@@ -39,7 +44,7 @@ def check(ab) -> str:
     cell's recipe now when its checkpoint is already there."""
     from mtp_cli.model import pretrained
 
-    todo = ""
+    todo, notes = "", set()
     produced = source_run_dir(ab.results_dir, ab.recipe)
     for cell in ab.cells:
         init_from = cell.recipe.train.init_from
@@ -54,14 +59,13 @@ def check(ab) -> str:
             _check_source_recipe(ab.recipe)
             todo = SOURCE
             continue
-        try:
-            pretrained.resolve_recipe(cell.recipe, cell.model_keys)
-        except UserError as exc:
-            if _is_local(init_from) or "not found on the Hub" not in str(exc):
-                raise
-            # a Hub id this machine cannot reach now (offline): checked again when the cell trains
-            ui.console.print(f"note: {exc}; checked again before training", markup=False, highlight=False)
-            return todo
+        if not _is_local(init_from) and not pretrained.in_hub_cache(init_from):
+            notes.add(f"note: {init_from} is not in the local Hugging Face cache; it is downloaded and checked "
+                      "when its first run trains")
+            continue
+        pretrained.resolve_recipe(cell.recipe, cell.model_keys)
+    for note in sorted(notes):
+        ui.console.print(note, markup=False, highlight=False)
     return todo
 
 
@@ -105,9 +109,14 @@ def baseline_json(results_dir: Path) -> Path:
     return results_dir / BASELINE / results.EVAL_JSON
 
 
+def baseline_source(ab) -> str:
+    """The checkpoint the baseline row evaluates: the runs' init_from (the [source]'s export, or the recipe's)."""
+    return next((c.recipe.train.init_from for c in ab.cells if c.recipe.train.init_from), "")
+
+
 def baseline_pending(ab) -> bool:
     cfg = ab.recipe.eval
-    if not (cfg.baseline and cfg.enabled and cfg.tasks and ab.recipe.train.init_from):
+    if not (cfg.baseline and cfg.enabled and cfg.tasks and baseline_source(ab)):
         return False
     return not baseline_json(ab.results_dir).is_file()
 
@@ -119,7 +128,7 @@ def run_baseline(ab, show_progress: bool = True) -> Path:
 
     cfg = ab.recipe.eval
     path = baseline_json(ab.results_dir)
-    ui.console.print(f"baseline: evaluating {ab.recipe.train.init_from} as it is", highlight=False)
+    ui.console.print(f"baseline: evaluating {baseline_source(ab)} as it is", highlight=False)
     run_eval(tasks=tuple(cfg.tasks), limit={t: cfg.limit(t) or 0 for t in cfg.tasks}, gsm8k_data=gsm8k_data(ab.recipe),
-             json_path=path, show_progress=show_progress, hf=ab.recipe.train.init_from, recipe=str(ab.source))
+             json_path=path, show_progress=show_progress, hf=baseline_source(ab), recipe=str(ab.source))
     return path

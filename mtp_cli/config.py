@@ -266,9 +266,9 @@ class SpecbenchConfig:
 
 @dataclass
 class SourceConfig:
-    """How `mtp ablate` produces a local train.init_from that a clone does not have (exports are not
+    """How `mtp ablate` produces train.init_from when a clone does not have it (exports are not
     committed): train and export variant `variant`, seed `seed`, of recipe `recipe` into
-    results/<this recipe>/source/<variant>-s<seed>/ (its export/ is then the init_from)."""
+    <results>/<this recipe>/source/<variant>-s<seed>/; its export/ is then every run's init_from."""
 
     recipe: str = ""
     variant: str = ""
@@ -313,9 +313,10 @@ class Recipe:
         self.train.validate()
         if self.train.freeze_trunk and self.mtp.objective == "ntp":
             raise UserError("--freeze-trunk with the ntp objective leaves nothing to train; choose sequential or parallel")
-        if self.train.freeze_trunk and not self.train.init_from:
+        has_init = bool(self.train.init_from or self.source.recipe)  # [source]: `mtp ablate` sets init_from
+        if self.train.freeze_trunk and not has_init:
             raise UserError("--freeze-trunk needs --init-from (a trained trunk to freeze)")
-        if self.data.source == "self" and not self.train.init_from:
+        if self.data.source == "self" and not has_init:
             raise UserError("data.source = 'self' needs train.init_from (the trunk whose continuations are the data)")
         return self
 

@@ -185,6 +185,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`)."""
     recipe.validate()
     t = recipe.train
+    if (t.freeze_trunk or recipe.data.source == "self") and not t.init_from:
+        raise UserError("this recipe starts from its [source]'s export: run it with `mtp ablate`, or pass --init-from")
     source = pretrained.resolve_recipe(recipe) if t.init_from else None
     ddp = init_distributed(t.device)
     device = torch.device(f"cuda:{ddp.local_rank}") if env.pick_device(t.device).type == "cuda" else torch.device("cpu")

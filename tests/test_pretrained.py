@@ -307,7 +307,7 @@ def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
     post = ablation_toml(name="post", steps=4, eval_tasks=("heldout",), variants=variants)
     post = post.replace("[model]\nvocab_size = 512\nn_layers = 3\nd_model = 32\nn_heads = 2\nffn_hidden = 64\ncontext = 32\n",
                         "[model]\ncontext = 32\n")
-    post = post.replace("[train]\n", '[train]\ninit_from = "results/post/source/ntp-s0/export"\nfreeze_trunk = true\n')
+    post = post.replace("[train]\n", '[train]\nfreeze_trunk = true\n')  # init_from: the [source]'s export
     post = post.replace('[data]\n', '[data]\nself_prompts = "files"\nself_samples = 8\nself_prompt_tokens = 8\n'
                         'self_new_tokens = 24\n')
     post = post.replace('[eval]\n', '[eval]\nbaseline = true\n')
@@ -315,6 +315,7 @@ def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
     (tmp_path / "post.toml").write_text(post)
 
     dry = run_ablation("post.toml", dry_run=True)
+    assert dry.cells[0].recipe.train.init_from == str(Path("results/post/source/ntp-s0/export"))
     assert dry.extra_stages == ["source", "baseline"]
     ab = run_ablation("post.toml", show_progress=False)
     assert not ab.failures, ab.failures

@@ -66,6 +66,17 @@ def locate(source: str | Path) -> Path:
         raise UserError(f"--init-from {name}: not a local folder and not found on the Hub or in its cache ({first})") from None
 
 
+def in_hub_cache(name: str) -> bool:
+    """Whether Hub id `name` has a snapshot in the local Hugging Face cache (no network)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(repo_id=name, allow_patterns=_HUB_FILES, local_files_only=True)
+        return True
+    except Exception:  # not cached, or not a valid id
+        return False
+
+
 def _rope(cfg: dict, where: str) -> tuple[float, dict]:
     """(rope_theta, scaling) from transformers 5's `rope_parameters` or the older rope_theta + rope_scaling."""
     params = dict(cfg.get("rope_parameters") or {})
