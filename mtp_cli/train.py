@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtp_cli import checkpoint as ckpt
 from mtp_cli import env, ui
-from mtp_cli.config import Recipe
+from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
@@ -101,6 +101,10 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
         shutil.rmtree(out / ckpt.TOKENIZER, ignore_errors=True)
         return False
     stored = ckpt.read_json(run_json).get("recipe", {})
+    try:  # keys added to the recipe since the run was stored take their defaults, as they did then
+        stored = recipe_from_dict(stored).to_dict()
+    except UserError:
+        pass
     if not resume:
         raise UserError(f"output folder {out} already holds a run; pass --resume to continue it or --force to start over")
     mine = recipe.to_dict()

@@ -378,3 +378,22 @@ def test_cli_train_init_from_uses_the_checkpoint(checkpoints, tmp_path, capsys, 
     model = run["recipe"]["model"]
     assert (model["n_layers"], model["d_model"], model["n_kv_heads"], model["qkv_bias"], model["context"]) == (2, 64, 2, True, 32)
     assert run["data"]["tokenizer_size"] == len(toklib.load(folder))
+
+
+def test_runs_stored_before_these_keys_still_resume(tmp_path):
+    """A run.json written before qkv_bias/rope_scaling/init_from/freeze_trunk/self_* existed is the same run."""
+    from conftest import micro_recipe
+
+    from mtp_cli.train import _check_out_dir
+
+    recipe = micro_recipe()
+    stored = recipe.to_dict()
+    for section, keys in (("model", ("qkv_bias", "rope_scaling")), ("train", ("init_from", "freeze_trunk")),
+                          ("data", ("self_prompts", "self_samples", "self_prompt_tokens", "self_new_tokens"))):
+        for key in keys:
+            del stored[section][key]
+    (tmp_path / "run.json").write_text(json.dumps({"recipe": stored}))
+    assert _check_out_dir(tmp_path, recipe, resume=True, force=False) is False  # same run, no checkpoint yet
+    recipe.model.qkv_bias = True
+    with pytest.raises(UserError, match="model settings differ"):
+        _check_out_dir(tmp_path, recipe, resume=True, force=False)
