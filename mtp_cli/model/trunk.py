@@ -1,7 +1,9 @@
 """The Llama-style decoder trunk: RMSNorm, rotate-half RoPE, SwiGLU, optional GQA, KV cache.
 
 Parameter names and layouts mirror Hugging Face `LlamaForCausalLM` (q/k/v/o_proj, gate/up/down_proj,
-input_layernorm, post_attention_layernorm, norm, lm_head) so that export is a renaming. `Block` is
+input_layernorm, post_attention_layernorm, norm, lm_head) so that export is a renaming. For pretrained
+checkpoints (`model/pretrained.py`) the q/k/v projections may carry biases (Qwen2) and RoPE may be
+scaled (linear, llama3). `Block` is
 the one transformer block class: trunk layers, DeepSeek-V3 MTP modules and Meta's parallel heads
 are all built from it.
 
