@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mtp_cli import env, paths, results, ui
+from mtp_cli import ablate_source, env, paths, results, ui
 from mtp_cli.checkpoint import write_json
 from mtp_cli.config import Recipe, Variant, load_recipe, resolve_recipe_path
 from mtp_cli.errors import UserError
+from mtp_cli.model.pretrained import given_model_keys
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Cell:
     run_dir: Path
     pending: list[str] = field(default_factory=list)
     gsm8k: Path | None = None  # the eval/specbench GSM8K folder (None: the hub), resolved once for the grid
+    model_keys: set[str] = field(default_factory=set)  # [model] keys the recipe/variant set (checked against init_from)
 
     @property
     def name(self) -> str:
@@ -52,6 +54,7 @@ class Ablation:
     fingerprint: str = ""
     summary: Path | None = None
     failures: list[str] = field(default_factory=list)
+    extra_stages: list[str] = field(default_factory=list)  # "source" / "baseline" still to do (ablate_source)
 
 
 def plan(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,
@@ -77,10 +80,17 @@ def plan(recipe_path: str | Path, only: str | list[str] | None = None, seeds: li
         for seed in seed_list:
             run_recipe = recipe.for_run(v, seed)
             run_dir = results_dir / results.RUNS / results.run_name(v.name, seed)
+            if recipe.source.recipe and not run_recipe.train.init_from:
+                run_recipe.train.init_from = str(ablate_source.source_export(results_dir, recipe))
+            keys = given_model_keys(source, v.model) if run_recipe.train.init_from else set()
             cells.append(Cell(v, seed, run_recipe, run_dir,
                               results.pending_stages(results.RunFolder(run_dir), run_recipe),
-                              paths.gsm8k_data(gsm8k, run_recipe.eval.gsm8k_data)))
-    return Ablation(recipe, source, results_dir, cells, fingerprint(source))
+                              paths.gsm8k_data(gsm8k, run_recipe.eval.gsm8k_data), keys))
+    ab = Ablation(recipe, source, results_dir, cells, fingerprint(source))
+    ab.extra_stages = [s for s in [ablate_source.check(ab)] if s]
+    if ablate_source.baseline_pending(ab):
+        ab.extra_stages.append(ablate_source.BASELINE)
+    return ab
 
 
 def fingerprint(source: Path) -> str:
@@ -116,6 +126,8 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
         discard(ab.results_dir)
         ab = plan(recipe_path, only, seeds, results_root, gsm8k_data)
     write_lock(ab)
+    if ablate_source.SOURCE in ab.extra_stages and rank == 0:
+        ablate_source.make_source(ab, show_progress)
     stages = ("train",) if world > 1 else results.STAGES
     if world > 1 and rank == 0:
         ui.console.print(f"torchrun with {world} processes: running the train stage only; "
@@ -142,6 +154,8 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
             ui.console.print(f"interrupted: run `mtp ablate --recipe {ab.source}` again to resume "
                              f"(finished stages are kept)")
         raise
+    if rank == 0 and world == 1 and ablate_source.BASELINE in ab.extra_stages:
+        ablate_source.run_baseline(ab, show_progress)
     if rank == 0:
         ab.summary = results.write_summary(ab.results_dir)
     for cell in ab.cells:
@@ -238,10 +252,12 @@ def _train(cell: Cell, view: GridView) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from mtp_cli.train import train
 
+        ablate_source.resolve_cell(cell)
         train(cell.recipe, cell.run_dir, resume=True, show_progress=view.show_nested)
         return
     import torch
 
+    ablate_source.resolve_cell(cell)  # after the source stage: the checkpoint is there now
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_train_child, name=f"train {cell.name}",
@@ -449,6 +465,11 @@ def plan_table(ab: Ablation):
             total += e.seconds or 0.0
             unknown += e.seconds is None
             rows.append([cell.name if i == 0 else "", what if i == 0 else "", stage, _duration(e.seconds), e.basis])
+    for stage in ab.extra_stages:  # ablate_source: before the grid (source) and after it (baseline)
+        what = (f"train + export {ab.recipe.source.recipe}/{ab.recipe.source.variant} (seed {ab.recipe.source.seed})"
+                if stage == ablate_source.SOURCE else f"mtp eval --hf {ablate_source.baseline_source(ab)}")
+        rows.append([stage, what, stage, "?", ""])
+        unknown += 1
     more = f" + {unknown} stage(s) not yet measured" if unknown else ""
     rows.append(["total", f"{len(ab.cells)} runs", f"{sum(len(c.pending) for c in ab.cells)} stages",
                  _duration(total) + (" + ?" if unknown else ""), more.strip()])

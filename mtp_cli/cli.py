@@ -46,21 +46,38 @@ def train(
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint, with its own recipe."),
     force: bool = typer.Option(False, help="Overwrite the run in --out."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's, one per core)."),
+    init_from: Optional[str] = typer.Option(None, help="Start the trunk from this Hugging Face checkpoint (a folder or "
+                                            "a Hub id; Llama or Qwen2): its architecture and tokenizer."),
+    freeze_trunk: Optional[bool] = typer.Option(None, "--freeze-trunk/--no-freeze-trunk",
+                                                help="Train only the MTP modules (with --init-from)."),
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
     from mtp_cli import checkpoint as ckpt
     from mtp_cli import train as trainer
-    from mtp_cli.config import load_recipe, objective_from_flags
+    from mtp_cli.config import load_recipe, objective_from_flags, resolve_recipe_path
+    from mtp_cli.model import pretrained
 
     _use_threads(threads)
     if resume and out is not None and recipe is None:
         r = ckpt.recipe_of_run(out)
+        if init_from is not None and init_from != r.train.init_from:
+            raise UserError(f"--init-from {init_from}: the run in {out} started from "
+                            f"{r.train.init_from or 'a random init'}; resume it without --init-from")
     else:
         r = load_recipe(recipe or "quick")
+        r.override("train", init_from=init_from)
+        if r.train.init_from:  # the checkpoint decides [model]; the default recipe's never applies
+            given = pretrained.given_model_keys(resolve_recipe_path(recipe)) if recipe else set()
+            pretrained.resolve_recipe(r, given)
+            if not recipe and lr is None:
+                ui.console.print(f"warning: --init-from without --recipe trains at the quick recipe's lr {r.train.lr:g}, "
+                                 "set for a random init; pass --lr or a recipe (e.g. gpu-smollm2-135m)",
+                                 markup=False, soft_wrap=True)
     objective = objective_from_flags(r.mtp.objective, objective, depth, heads, lam)
     r.override("mtp", objective=objective, depth=depth, heads=heads, lambda_=lam, lambda_final=lambda_final,
                lambda_switch=lambda_switch, mtp_input=mtp_input)
-    r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device, compile=compile)
+    r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device, compile=compile,
+               freeze_trunk=freeze_trunk)
     if data:
         r.override("data", source="files", paths=list(data))
     r.validate()
@@ -99,7 +116,7 @@ def export(
 
 @app.command("eval")
 def eval_(
-    run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
+    run: Optional[Path] = typer.Argument(None, help="A run folder (from `mtp train`); or give --hf."),
     tasks: str = typer.Option("humaneval,gsm8k,heldout", help="Comma-separated: humaneval, gsm8k, heldout."),
     limit: Optional[int] = typer.Option(None, help="First N problems / documents / validation windows of each task (0 = all)."),
     gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl, or `hub` for the "
@@ -113,14 +130,20 @@ def eval_(
                                   help="Cut prompts longer than the trained context from the left (lm-eval's rule; "
                                        "counts reported), or refuse to run such an eval."),
     gsm8k_fewshot: int = typer.Option(5, help="GSM8K few-shot examples (lm-eval's num_fewshot)."),
+    hf: Optional[str] = typer.Option(None, "--hf", help="Evaluate a Hugging Face checkpoint (folder or Hub id) instead "
+                                     "of a run: the 'before' row of continued pretraining."),
+    recipe: Optional[str] = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
+                                         "(default: quick)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     from mtp_cli import paths
     from mtp_cli.evals.runner import results_table, run_eval
 
     _use_threads(threads)
+    if recipe is not None and hf is None:
+        raise UserError("--recipe is for --hf (a run evaluates on its own recipe's data)")
     doc = run_eval(run, tasks, limit=limit, gsm8k_data=paths.gsm8k_data(gsm8k_data), samples=samples, temperature=temperature,
-                   text=text, json_path=json_path, truncate=truncate, gsm8k_fewshot=gsm8k_fewshot)
+                   text=text, json_path=json_path, truncate=truncate, gsm8k_fewshot=gsm8k_fewshot, hf=hf, recipe=recipe)
     ui.out.print(results_table(doc))
     ui.out.print(f"results written to {doc['json_path']}", markup=False)
 

@@ -26,6 +26,8 @@ SCHEDULES = ("cosine", "wsd")
 EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
 SPEC_PROMPTS = ("humaneval", "gsm8k")
 VARIANT_SECTIONS = ("model", "mtp", "data", "train")
+ROPE_TYPES = ("default", "linear", "llama3")
+SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval")
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
 
@@ -43,6 +45,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     init_std: float = 0.02
     zero_init_residual: bool = True  # blocks start as the identity (o_proj, down_proj = 0)
+    qkv_bias: bool = False  # q/k/v projections with biases (Qwen2)
+    rope_scaling: dict[str, Any] = field(default_factory=dict)  # HF rope_parameters beyond rope_theta; {} = plain RoPE
 
     @property
     def kv_heads(self) -> int:
@@ -62,6 +66,9 @@ class ModelConfig:
             raise UserError(f"head dimension {self.head_dim} must be even for RoPE")
         if self.n_heads % self.kv_heads:
             raise UserError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
+        rope_type = self.rope_scaling.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise UserError(f"model.rope_scaling: rope_type {rope_type!r} is not supported; choose one of {', '.join(ROPE_TYPES)}")
 
 
 @dataclass
@@ -134,7 +141,7 @@ def objective_from_flags(recipe_objective: str, objective: str | None, depth: in
 
 @dataclass
 class DataConfig:
-    source: str = "stdlib"  # stdlib | files | gsm8k | hf
+    source: str = "stdlib"  # stdlib | files | gsm8k | hf | self
     paths: list[str] = field(default_factory=list)  # files/folders for files|gsm8k
     hf_dataset: str = ""  # name for source = "hf"
     hf_split: str = "train"
@@ -143,11 +150,22 @@ class DataConfig:
     val_fraction: float = 0.05
     max_bytes: int = 0  # 0 = whole corpus
     cache_dir: str = ".cache/mtp"
+    # source = "self": the init_from trunk's own greedy continuations of prompts from `self_prompts`
+    self_prompts: str = "stdlib"  # stdlib | files | gsm8k (both read data.paths) | humaneval
+    self_samples: int = 256  # prompts continued
+    self_prompt_tokens: int = 32  # corpus prompts: windows of this many tokens
+    self_new_tokens: int = 128  # greedy tokens generated per prompt (fewer at end of text)
 
     def validate(self) -> None:
-        if self.source not in ("stdlib", "files", "gsm8k", "hf"):
-            raise UserError(f"unknown data.source {self.source!r}; choose stdlib, files, gsm8k or hf")
-        if self.source in ("files", "gsm8k"):
+        if self.source not in ("stdlib", "files", "gsm8k", "hf", "self"):
+            raise UserError(f"unknown data.source {self.source!r}; choose stdlib, files, gsm8k, hf or self")
+        if self.source == "self":
+            if self.self_prompts not in SELF_PROMPTS:
+                raise UserError(f"unknown data.self_prompts {self.self_prompts!r}; choose one of {', '.join(SELF_PROMPTS)}")
+            for name in ("self_samples", "self_prompt_tokens", "self_new_tokens"):
+                if getattr(self, name) < 1:
+                    raise UserError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        if self.source in ("files", "gsm8k") or (self.source == "self" and self.self_prompts in ("files", "gsm8k")):
             if not self.paths:
                 raise UserError(f"data.source = {self.source!r} needs data.paths (or --data PATH)")
             for p in self.paths:
@@ -181,6 +199,8 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
     peak_flops: float = 0.0  # FLOP/s used for MFU; 0 = measure the fp32/bf16 matmul peak once
+    init_from: str = ""  # a Hugging Face checkpoint (folder or Hub id) the trunk starts from; "" = random init
+    freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "ckpt_every"):
@@ -206,6 +226,7 @@ class EvalConfig:
     gsm8k_data: str = "data/gsm8k"  # relative to the repository (`mtp_cli.paths`); "" or "hub" = the online stock task
     gsm8k_fewshot: int = 5  # lm-eval's num_fewshot; fewer when 5-shot prompts do not fit the trained context
     truncate: bool = True  # cut prompts to the trained context (lm-eval's rule); false = refuse to eval instead
+    baseline: bool = False  # also evaluate train.init_from itself (`mtp eval --hf`): the "before" row
 
     def limit(self, task: str) -> int | None:
         return self.limits.get(task) or None
@@ -255,6 +276,17 @@ class SpecbenchConfig:
 
 
 @dataclass
+class SourceConfig:
+    """How `mtp ablate` produces train.init_from when a clone does not have it (exports are not
+    committed): train and export variant `variant`, seed `seed`, of recipe `recipe` into
+    <results>/<this recipe>/source/<variant>-s<seed>/; its export/ is then every run's init_from."""
+
+    recipe: str = ""
+    variant: str = ""
+    seed: int = 0
+
+
+@dataclass
 class Variant:
     """One column of an ablation: a name plus overrides of the recipe's sections, e.g.
     `{name = "seq-d1", mtp = {objective = "sequential", depth = 1, lambda = 0.3}}`."""
@@ -280,6 +312,7 @@ class Recipe:
     specbench: SpecbenchConfig = field(default_factory=SpecbenchConfig)
     variants: list[Variant] = field(default_factory=list)
     description: str = ""
+    source: SourceConfig = field(default_factory=SourceConfig)
 
     def validate(self) -> Recipe:
         self.model.validate()
@@ -289,6 +322,13 @@ class Recipe:
                             f"{self.mtp.n_extra}, got {self.model.context}")
         self.data.validate()
         self.train.validate()
+        if self.train.freeze_trunk and self.mtp.objective == "ntp":
+            raise UserError("--freeze-trunk with the ntp objective leaves nothing to train; choose sequential or parallel")
+        has_init = bool(self.train.init_from or self.source.recipe)  # [source]: `mtp ablate` sets init_from
+        if self.train.freeze_trunk and not has_init:
+            raise UserError("--freeze-trunk needs --init-from (a trained trunk to freeze)")
+        if self.data.source == "self" and not has_init:
+            raise UserError("data.source = 'self' needs train.init_from (the trunk whose continuations are the data)")
         return self
 
     def check_grid(self) -> Recipe:

@@ -28,12 +28,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtp_cli import checkpoint as ckpt
 from mtp_cli import env, ui
-from mtp_cli.config import Recipe
+from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout
-from mtp_cli.model import MTPModel, parallel_backward
+from mtp_cli.model import MTPModel, parallel_backward, pretrained
 from mtp_cli.model.trunk import compile_blocks
 from mtp_cli.schedule import lr_at
 
@@ -101,6 +101,10 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
         shutil.rmtree(out / ckpt.TOKENIZER, ignore_errors=True)
         return False
     stored = ckpt.read_json(run_json).get("recipe", {})
+    try:  # keys added to the recipe since the run was stored take their defaults, as they did then
+        stored = recipe_from_dict(stored).to_dict()
+    except UserError:
+        pass
     if not resume:
         raise UserError(f"output folder {out} already holds a run; pass --resume to continue it or --force to start over")
     mine = recipe.to_dict()
@@ -172,8 +176,9 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
 
 def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
     t = recipe.train
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    trained = [p for p in model.parameters() if p.requires_grad]  # a frozen trunk is not the optimizer's
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8)
 
@@ -186,9 +191,13 @@ def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: to
 
 def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = False,
           show_progress: bool = True) -> dict:
-    """Train one run into `out`; returns the run summary (also written to out/run.json)."""
+    """Train one run into `out`; returns the run summary (also written to out/run.json). With
+    train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`)."""
     recipe.validate()
     t = recipe.train
+    if (t.freeze_trunk or recipe.data.source == "self") and not t.init_from:
+        raise UserError("this recipe starts from its [source]'s export: run it with `mtp ablate`, or pass --init-from")
+    source = pretrained.resolve_recipe(recipe) if t.init_from else None
     ddp = init_distributed(t.device)
     device = torch.device(f"cuda:{ddp.local_rank}") if env.pick_device(t.device).type == "cuda" else torch.device("cpu")
     per_rank, rem = divmod(t.batch_size, ddp.world * t.grad_accum)
@@ -205,19 +214,28 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
 
     # Data: rank 0 builds the cache, the others read it.
     if ddp.main:
-        data = shards.prepare(recipe.data, recipe.model.vocab_size)
+        data = shards.prepare_for(recipe, show_progress)
     if ddp.world > 1:
         dist.barrier()
     if not ddp.main:
-        data = shards.prepare(recipe.data, recipe.model.vocab_size)
+        data = shards.prepare_for(recipe)
     _check_data_size(data, recipe.model.context)
-    if recipe.data.tokenizer != "bpe":
+    if source is not None:  # the checkpoint's embedding may have more rows than its tokenizer
+        if len(data.tokenizer) > recipe.model.vocab_size:
+            raise UserError(f"the tokenizer of {t.init_from} has {len(data.tokenizer)} tokens, more than its "
+                            f"vocab_size {recipe.model.vocab_size}")
+    elif recipe.data.tokenizer != "bpe":
         recipe.model.vocab_size = len(data.tokenizer)
     elif len(data.tokenizer) > recipe.model.vocab_size:
         raise UserError(f"tokenizer has {len(data.tokenizer)} tokens, more than model.vocab_size {recipe.model.vocab_size}")
 
     torch.manual_seed(t.seed)
-    model = MTPModel(recipe.model, recipe.mtp).to(device)
+    model = MTPModel(recipe.model, recipe.mtp)
+    if source is not None:
+        pretrained.init_model(model, source)
+    if t.freeze_trunk:
+        model.freeze_trunk()
+    model = model.to(device)
     optimizer = _optimizer(model, recipe)
     start_step = 0
     if do_resume:
@@ -240,7 +258,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
     peak = t.peak_flops or env.matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data))
     fpt = flops_per_token(model, recipe.model.context)
-    mem_efficient = recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient
+    mem_efficient = recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient and not t.freeze_trunk
     forward_model: nn.Module = model
     if t.compile:
         compile_blocks(model)
@@ -257,6 +275,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                  "tokenizer_size": len(data.tokenizer)},
         "world_size": ddp.world, "device": str(device), "flops_per_token": fpt, "peak_flops": peak,
         "env": env.hardware(), "git_commit": env.git_commit(),
+        **({"init_from": source.record()} if source is not None else {}),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if ddp.main:

@@ -79,8 +79,9 @@ def get_tokenizer(cfg: DataConfig, vocab_size: int, docs: list[str], corpus_key:
     return toklib.load(tok_dir)
 
 
-def prepare(cfg: DataConfig, vocab_size: int) -> TokenData:
-    docs = sources.corpus(cfg)
+def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> TokenData:
+    """`docs`: the corpus when the caller built it (data.source = "self"); else read from `cfg`."""
+    docs = sources.corpus(cfg) if docs is None else docs
     corpus_key = sources.fingerprint(docs)
     tok = get_tokenizer(cfg, vocab_size, docs, corpus_key)
     key = f"{corpus_key}-{toklib.fingerprint(tok)}-{cfg.val_fraction}"
@@ -107,6 +108,17 @@ def prepare(cfg: DataConfig, vocab_size: int) -> TokenData:
     meta = json.loads(meta_path.read_text())
     load = lambda name: np.memmap(shard_dir / f"{name}.bin", dtype=meta["dtype"], mode="r")  # noqa: E731
     return TokenData(tok, load("train"), load("val"), key, meta["n_docs"], meta["n_bytes_val"])
+
+
+def prepare_for(recipe, show_progress: bool = False) -> TokenData:
+    """A run's data (`recipe` is a config.Recipe): `prepare`, with the self-distilled corpus of
+    train.init_from built (or read from its cache) first when data.source = "self"."""
+    docs = None
+    if recipe.data.source == "self":
+        from mtp_cli.data import selfdistill
+
+        docs = selfdistill.documents(recipe.data, recipe.train.init_from, cache_root(recipe.data), show_progress)
+    return prepare(recipe.data, recipe.model.vocab_size, docs)
 
 
 def train_batch(tokens: np.ndarray, step: int, seed: int, batch: int, context: int,

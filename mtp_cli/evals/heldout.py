@@ -119,7 +119,7 @@ def score_tokens(model: MTPModel, tokenizer, tokens: np.ndarray, limit: int | No
 
 def report(run, limit: int | None = None, text: str | Path | None = None, progress=None) -> dict:
     """`results.heldout`: the validation split of the run's data (and `text`, if given)."""
-    data = shards.prepare(run.recipe.data, run.recipe.model.vocab_size)
+    data = shards.prepare_for(run.recipe)
     if toklib.fingerprint(data.tokenizer) != toklib.fingerprint(run.tokenizer):
         raise UserError(f"the validation split rebuilt from {run.run_dir}'s recipe uses a different tokenizer "
                         "than the run; held-out loss would be meaningless (use --text FILE)")

@@ -63,10 +63,32 @@ def write_rows(path: Path, rows) -> str:
     return path.name
 
 
-def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k_data=None, samples=1,
+def hf_json_path(source: str) -> Path:
+    """Where `mtp eval --hf SOURCE` writes by default: results/hf/<source, '/' as '--'>/eval.json."""
+    return Path("results") / "hf" / str(source).strip("/").replace("/", "--") / "eval.json"
+
+
+def hf_run(source: str, recipe=None):
+    """A checkpoint we did not train, as a run: its trunk (no modules), its tokenizer, and a recipe whose
+    [data] (default: the quick recipe's) gives the held-out validation split, tokenized by the checkpoint."""
+    from mtp_cli.checkpoint import LoadedRun
+    from mtp_cli.config import MTPConfig, load_recipe, resolve_recipe_path
+    from mtp_cli.data import tokenizer as toklib
+    from mtp_cli.model import MTPModel, pretrained
+
+    r = load_recipe(recipe or "quick")
+    r.train.init_from, r.train.freeze_trunk, r.mtp = str(source), False, MTPConfig()
+    src = pretrained.resolve_recipe(r, pretrained.given_model_keys(resolve_recipe_path(recipe)) if recipe else set())
+    model = MTPModel(r.model, r.mtp)
+    pretrained.init_model(model, src)
+    return LoadedRun(src.path, r, model.eval(), toklib.load(src.path), 0), src
+
+
+def run_eval(run_dir=None, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k_data=None, samples=1,
              temperature=0.0, text=None, json_path=None, show_progress=True, truncate=True,
-             gsm8k_fewshot=None) -> dict:
-    """Evaluate one run; writes and returns the eval JSON document. `truncate=False` refuses any eval that
+             gsm8k_fewshot=None, hf=None, recipe=None) -> dict:
+    """Evaluate one run, or with `hf` a Hugging Face checkpoint (folder or Hub id; `recipe` gives its
+    held-out data); writes and returns the eval JSON document. `truncate=False` refuses any eval that
     would need a prompt cut to stay inside the trained context; `gsm8k_fewshot` defaults to 5."""
     from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
     from mtp_cli.evals.lm import MTPLM
@@ -74,8 +96,15 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
 
     tasks = parse_tasks(tasks)
     limits = parse_limits(limit, tasks)
-    run_dir = Path(run_dir)
-    run = load_run(run_dir)  # a missing or broken run is the first thing to report
+    if (run_dir is None) == (hf is None):
+        raise UserError("give a run folder or --hf SOURCE (one of them)")
+    source = None
+    if hf is not None:
+        run, source = hf_run(hf, recipe)  # a missing or unsupported checkpoint is the first thing to report
+        run_dir, json_path = run.run_dir, json_path or hf_json_path(hf)
+    else:
+        run_dir = Path(run_dir)
+        run = load_run(run_dir)  # a missing or broken run is the first thing to report
     if "humaneval" in tasks:
         humaneval.check_decoding(samples, temperature)
         sandbox.detect()  # fails here, not after generating, where no fence can be built
@@ -87,7 +116,9 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
     json_path = Path(json_path) if json_path else run_dir / "eval.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     export_dir, trunk, tokenizer = None, None, None
-    if {"humaneval", "gsm8k"} & set(tasks):
+    if source is not None:
+        export_dir, trunk, tokenizer = source.path, run.model.trunk, run.tokenizer
+    elif {"humaneval", "gsm8k"} & set(tasks):
         export_dir = ensure_export(run_dir)
         trunk, tokenizer = load_export(export_dir)
     fewshot = gsm8k.NUM_FEWSHOT if gsm8k_fewshot is None else gsm8k_fewshot
@@ -125,7 +156,8 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
                     **ctxlib.summary(lm.prompt_cuts, lm.prompt_lengths, trunk.cfg.context),
                     **{f"gold_{k}": gold_cut[k] for k in ("prompts_cut", "prompt_cut_tokens_max", "prompt_cut_tokens_mean")}}
             seconds[task] = round(time.perf_counter() - t0, 2)
-    doc = {"schema": SCHEMA, "run": str(run_dir), "step": run.step, "objective": run.model.objective,
+    doc = {"schema": SCHEMA, "run": source.name if source else str(run_dir), "step": run.step,
+           "objective": run.model.objective, **({"hf": source.record()} if source else {}),
            "export": str(export_dir) if export_dir else None, "context": run.recipe.model.context, "tasks": tasks, "limits": limits,
            "seconds": seconds, "hardware": env.hardware(), "git_commit": env.git_commit(), "results": results}
     write_json(json_path, doc)

@@ -1,8 +1,10 @@
-"""The trunk as a Hugging Face `LlamaForCausalLM`: the export that tools we did not write can load.
+"""The trunk as a Hugging Face `LlamaForCausalLM` (`Qwen2ForCausalLM` when it has q/k/v biases, as a
+trunk started from a Qwen2 checkpoint does): the export that tools we did not write can load.
 
 The trunk mirrors Llama's parameter names and rotate-half RoPE, so conversion is a renaming
 (`x` -> `model.x`, `lm_head` kept as is) in both directions; MTP modules are never part of it.
-`load_export` reads such a folder back into our `Trunk`, so evaluation scores the export itself. With tied embeddings
+`load_export` reads such a folder back into our `Trunk` (through `pretrained`, which also reads
+checkpoints we did not write), so evaluation scores the export itself. With tied embeddings
 the checkpoint carries no `lm_head.weight` and the config says `tie_word_embeddings`.
 transformers 5 reads `rope_theta` from `rope_parameters`; older versions read the top-level key,
 so the config carries both.
@@ -15,20 +17,33 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from mtp_cli.config import ModelConfig
 from mtp_cli.errors import UserError
 from mtp_cli.data import tokenizer as toklib
+from mtp_cli.model import pretrained
 from mtp_cli.model.trunk import Trunk
 
 EXPORT_INFO = "mtp_export.json"  # provenance: which run, step and objective the export came from
 
 
-def hf_config(model_cfg: ModelConfig, tokenizer, n_layers: int | None = None) -> LlamaConfig:
-    """A LlamaConfig describing the trunk (`n_layers` overrides the recipe's, e.g. compute-matched heads)."""
+def hf_config(model_cfg: ModelConfig, tokenizer, n_layers: int | None = None) -> LlamaConfig | Qwen2Config:
+    """A LlamaConfig (Qwen2Config with q/k/v biases) describing the trunk (`n_layers` overrides the
+    recipe's, e.g. compute-matched heads)."""
+    rope = {"rope_type": "default", "rope_theta": float(model_cfg.rope_theta), **model_cfg.rope_scaling}
+    if model_cfg.qkv_bias:
+        cfg = Qwen2Config(
+            vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.d_model, intermediate_size=model_cfg.ffn_hidden,
+            num_hidden_layers=n_layers or model_cfg.n_layers, num_attention_heads=model_cfg.n_heads,
+            num_key_value_heads=model_cfg.kv_heads, hidden_act="silu", max_position_embeddings=model_cfg.context,
+            rms_norm_eps=model_cfg.norm_eps, rope_parameters=rope, tie_word_embeddings=model_cfg.tie_embeddings,
+            use_sliding_window=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, architectures=["Qwen2ForCausalLM"])
+        cfg.rope_theta = float(model_cfg.rope_theta)
+        cfg.dtype = torch.float32
+        return cfg
     cfg = LlamaConfig(
         vocab_size=model_cfg.vocab_size,
         hidden_size=model_cfg.d_model,
@@ -40,7 +55,7 @@ def hf_config(model_cfg: ModelConfig, tokenizer, n_layers: int | None = None) ->
         hidden_act="silu",
         max_position_embeddings=model_cfg.context,
         rms_norm_eps=model_cfg.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": float(model_cfg.rope_theta)},
+        rope_parameters=rope,
         tie_word_embeddings=model_cfg.tie_embeddings,
         attention_bias=False,
         mlp_bias=False,
@@ -62,9 +77,9 @@ def hf_state_dict(trunk: Trunk) -> dict[str, torch.Tensor]:
     return out
 
 
-def trunk_to_hf(trunk: Trunk, tokenizer) -> LlamaForCausalLM:
+def trunk_to_hf(trunk: Trunk, tokenizer) -> LlamaForCausalLM | Qwen2ForCausalLM:
     cfg = hf_config(trunk.cfg, tokenizer, trunk.n_layers)
-    model = LlamaForCausalLM(cfg)
+    model = (Qwen2ForCausalLM if trunk.cfg.qkv_bias else LlamaForCausalLM)(cfg)
     missing, unexpected = model.load_state_dict(hf_state_dict(trunk), strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
@@ -129,43 +144,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     return out_dir
 
 
-def _model_config(cfg: dict, where: Path) -> ModelConfig:
-    if cfg.get("model_type") != "llama":
-        raise UserError(f"{where} is not a Llama checkpoint (model_type {cfg.get('model_type')!r})")
-    rope = cfg.get("rope_parameters") or {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0)}
-    unsupported = [k for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
-    if rope.get("rope_type", "default") != "default" or cfg.get("hidden_act", "silu") != "silu" or unsupported:
-        raise UserError(f"{where}: only plain Llama checkpoints (default RoPE, SiLU, no biases) can be read back")
-    model = ModelConfig(vocab_size=cfg["vocab_size"], n_layers=cfg["num_hidden_layers"], d_model=cfg["hidden_size"],
-                        n_heads=cfg["num_attention_heads"], n_kv_heads=cfg.get("num_key_value_heads"),
-                        ffn_hidden=cfg["intermediate_size"], context=cfg["max_position_embeddings"],
-                        rope_theta=float(rope["rope_theta"]), norm_eps=cfg["rms_norm_eps"],
-                        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)))
-    if cfg.get("head_dim", model.head_dim) != model.head_dim:
-        raise UserError(f"{where}: head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")
-    return model
-
-
 def load_export(export_dir: str | Path) -> tuple[Trunk, object]:
-    """(Trunk in eval mode, tokenizer) from a Llama checkpoint folder such as `export_run` writes."""
+    """(Trunk in eval mode, tokenizer) from a checkpoint folder such as `export_run` writes."""
     export_dir = Path(export_dir)
-    config_path = export_dir / "config.json"
-    if not config_path.is_file():
+    if not (export_dir / "config.json").is_file():
         raise UserError(f"no Hugging Face checkpoint in {export_dir} (config.json missing)")
-    model_cfg = _model_config(json.loads(config_path.read_text()), export_dir)
-    index = export_dir / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        if not (export_dir / name).is_file():
-            raise UserError(f"{export_dir / name} is missing")
-        state.update(load_file(export_dir / name))
-    renamed = {k.removeprefix("model."): v for k, v in state.items()}
-    if model_cfg.tie_embeddings:
-        renamed.pop("lm_head.weight", None)
-    trunk = Trunk(model_cfg)
-    try:
-        trunk.load_state_dict(renamed)
-    except RuntimeError as exc:
-        raise UserError(f"weights in {export_dir} do not match its config.json: {str(exc).splitlines()[0]}") from None
-    return trunk.float().eval(), toklib.load(export_dir)
+    trunk, tokenizer, _ = pretrained.load_trunk(export_dir)
+    return trunk, tokenizer

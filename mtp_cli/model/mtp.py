@@ -18,6 +18,7 @@ The trunk never reads the modules, so discarding them leaves its logits unchange
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,12 @@ class MTPModel(nn.Module):
         else:
             self.mtp = nn.ModuleList()
         init_weights(self, model_cfg.init_std, model_cfg.zero_init_residual)
+        self.frozen_trunk = False
+
+    def freeze_trunk(self) -> None:
+        """Train only the modules: the trunk gets no gradients and runs under no-grad in `forward`."""
+        self.trunk.requires_grad_(False)
+        self.frozen_trunk = True
 
     @property
     def objective(self) -> str:
@@ -112,21 +119,23 @@ class MTPModel(nn.Module):
 
     def _hidden_states(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Trunk hidden (pre-final-norm) over T positions, and each extra prediction's state over
-        its valid positions (T-k), already cut to length."""
+        its valid positions (T-k), already cut to length. A frozen trunk runs without autograd."""
         trunk, T = self.trunk, idx.shape[1]
-        x = trunk.embed_tokens(idx)
-        rope = trunk.rope(T, idx.device, None, x.dtype)
+        with torch.no_grad() if self.frozen_trunk else contextlib.nullcontext():
+            x = trunk.embed_tokens(idx)
+            rope = trunk.rope(T, idx.device, None, x.dtype)
+            if self.objective == "parallel":
+                shared = trunk.run_layers(x, 0, trunk.n_layers - 1, None, rope)
+                hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, None, rope)
+            else:
+                hidden = trunk.run_layers(x, 0, trunk.n_layers, None, rope)
+                h = trunk.norm(hidden) if self.mtp_cfg.mtp_input == "post-norm" else hidden
+        cos, sin, _ = rope
         if self.objective == "parallel":
-            shared = trunk.run_layers(x, 0, trunk.n_layers - 1, None, rope)
-            hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, None, rope)
-            cos, sin, _ = rope
-            extras = [head(shared, cos, sin)[:, : T - k] for k, head in enumerate(self.mtp, 1)]
-            return hidden, extras
-        hidden = trunk.run_layers(x, 0, trunk.n_layers, None, rope)
-        extras, h = [], (trunk.norm(hidden) if self.mtp_cfg.mtp_input == "post-norm" else hidden)
+            return hidden, [head(shared, cos, sin)[:, : T - k] for k, head in enumerate(self.mtp, 1)]
+        extras = []
         for k, module in enumerate(self.mtp, 1):
             n = T - k
-            cos, sin, _ = rope
             h = module(h[:, :n], x[:, k:], (cos[:n], sin[:n], None))
             extras.append(h)
         return hidden, extras

@@ -1,7 +1,9 @@
 """The Llama-style decoder trunk: RMSNorm, rotate-half RoPE, SwiGLU, optional GQA, KV cache.
 
 Parameter names and layouts mirror Hugging Face `LlamaForCausalLM` (q/k/v/o_proj, gate/up/down_proj,
-input_layernorm, post_attention_layernorm, norm, lm_head) so that export is a renaming. `Block` is
+input_layernorm, post_attention_layernorm, norm, lm_head) so that export is a renaming. For pretrained
+checkpoints (`model/pretrained.py`) the q/k/v projections may carry biases (Qwen2) and RoPE may be
+scaled (linear, llama3). `Block` is
 the one transformer block class: trunk layers, DeepSeek-V3 MTP modules and Meta's parallel heads
 are all built from it.
 
@@ -10,6 +12,8 @@ The KV cache keeps one write position per row, so rows of a batch may hold diffe
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -49,12 +53,34 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """RoPE inverse frequencies as Hugging Face computes them for `rope_type` default, linear and
+    llama3 (Llama 3.1's wavelength-dependent scaling); tests compare them with transformers' own."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    scaling = scaling or {}
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_context = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_context / high) * ~(wavelen > old_context / low)
+        return torch.where(medium, smoothed, scaled)
+    if rope_type != "default":
+        raise ValueError(f"unsupported rope_type {rope_type!r}")
+    return inv_freq
+
+
 class Rotary(nn.Module):
     """cos/sin tables for rotate-half RoPE (the Hugging Face Llama convention)."""
 
-    def __init__(self, head_dim: int, max_len: int, theta: float):
+    def __init__(self, head_dim: int, max_len: int, theta: float, scaling: dict | None = None):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        inv_freq = rope_inv_freq(head_dim, theta, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._build(max_len)
 
@@ -163,9 +189,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -229,7 +255,7 @@ class Trunk(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(self.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.context, cfg.rope_theta)
+        self.rotary = Rotary(cfg.head_dim, cfg.context, cfg.rope_theta, cfg.rope_scaling)
 
     @property
     def unembed_weight(self) -> torch.Tensor:
@@ -295,6 +321,8 @@ def init_weights(module: nn.Module, std: float, zero_residual: bool = False) -> 
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
         elif isinstance(m, RMSNorm):
             nn.init.ones_(m.weight)
     if zero_residual:

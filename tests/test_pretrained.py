@@ -1,0 +1,399 @@
+"""Starting from a pretrained checkpoint: tiny random Llama/Qwen2 checkpoints made with transformers
+itself (tied, GQA, q/k/v biases, llama3 RoPE) load into our trunk with transformers' logits, export
+back unchanged, and bad sources are one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.errors import UserError
+from mtp_cli.model import pretrained
+from mtp_cli.model.trunk import rope_inv_freq
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=128, rms_norm_eps=1e-6, initializer_range=0.2)
+CASES = {
+    "llama-tied": (LlamaForCausalLM, LlamaConfig, dict(num_key_value_heads=4, tie_word_embeddings=True)),
+    "llama-gqa-untied": (LlamaForCausalLM, LlamaConfig, dict(num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama3-rope": (LlamaForCausalLM, LlamaConfig, dict(num_key_value_heads=2, tie_word_embeddings=True,
+                                                        rope_parameters=LLAMA3_ROPE)),
+    "qwen2-biased-gqa": (Qwen2ForCausalLM, Qwen2Config, dict(num_key_value_heads=2, tie_word_embeddings=False,
+                                                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+}
+
+
+def make_checkpoint(folder: Path, case: str, tokenizer_from: Path | None = None, seed: int = 0) -> Path:
+    """A random checkpoint of `case` saved with save_pretrained; q/k/v biases randomised so a dropped bias shows."""
+    model_cls, cfg_cls, extra = CASES[case]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**COMMON, **extra)).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    tok = toklib.load(tokenizer_from) if tokenizer_from else toklib.train_bpe(["def f(x):\n    return x + 1\n"] * 20, 290)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf")
+    return {case: make_checkpoint(root / case, case) for case in CASES}
+
+
+def _hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trunk_logits_equal_transformers(checkpoints, case):
+    folder = checkpoints[case]
+    trunk, tok, src = pretrained.load_trunk(folder)
+    ids = torch.randint(0, 300, (2, 100), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = trunk(ids)
+    ref = _hf_logits(folder, ids)
+    assert ref.abs().max() > 0.5  # a real signal, not all zeros
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    assert src.record()["weights_sha256"] == pretrained.weights_hash(folder)
+
+
+def test_llama3_inverse_frequencies_match_transformers():
+    cfg = LlamaConfig(**COMMON, rope_parameters=LLAMA3_ROPE)
+    ref, scale = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    ours = rope_inv_freq(16, LLAMA3_ROPE["rope_theta"], {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"})
+    assert scale == 1.0
+    torch.testing.assert_close(ours, ref.float(), atol=0, rtol=1e-6)
+    plain = rope_inv_freq(16, LLAMA3_ROPE["rope_theta"])
+    assert not torch.allclose(plain, ours)  # the scaling does something at this context
+
+
+@pytest.mark.parametrize("case", ["llama-tied", "qwen2-biased-gqa", "llama3-rope"])
+def test_export_of_untrained_init_reproduces_source(checkpoints, case, tmp_path):
+    """A run initialised from the source and trained 0 steps exports to a checkpoint with the source's logits."""
+    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.model import MTPModel
+    from mtp_cli.model.hf import trunk_to_hf
+
+    recipe = Recipe()
+    recipe.train.init_from = str(checkpoints[case])
+    src = pretrained.resolve_recipe(recipe, given=set())
+    model = MTPModel(recipe.model, MTPConfig("sequential", depth=1))
+    pretrained.init_model(model, src)
+    hf = trunk_to_hf(model.trunk, toklib.load(checkpoints[case]))
+    hf.save_pretrained(tmp_path / "export")
+    ids = torch.randint(0, 300, (1, 90), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(_hf_logits(tmp_path / "export", ids), _hf_logits(checkpoints[case], ids), atol=1e-5, rtol=0)
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == \
+        json.loads((checkpoints[case] / "config.json").read_text())["architectures"]
+
+
+def test_modules_start_from_the_trunk(checkpoints):
+    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.model import MTPModel
+
+    recipe = Recipe()
+    recipe.train.init_from = str(checkpoints["llama-gqa-untied"])
+    src = pretrained.resolve_recipe(recipe, given=set())
+    for mtp in (MTPConfig("sequential", depth=2), MTPConfig("parallel", heads=3, compute_matched=False)):
+        model = MTPModel(recipe.model, mtp)
+        pretrained.init_model(model, src)
+        last = model.trunk.layers[-1].state_dict()
+        for module in model.mtp:
+            block = module.block if mtp.objective == "sequential" else module
+            for k, v in block.state_dict().items():
+                assert torch.equal(v, last[k]), k
+    with pytest.raises(UserError, match="compute_matched = false"):
+        pretrained.init_model(MTPModel(recipe.model, MTPConfig("parallel", heads=2)), src)
+
+
+def test_recipe_resolution(checkpoints):
+    from mtp_cli.config import Recipe
+
+    folder = checkpoints["llama-gqa-untied"]
+    recipe = Recipe()
+    recipe.train.init_from = str(folder)
+    recipe.model.n_layers, recipe.model.context = 7, 32  # not given: the checkpoint's layers; context given: kept
+    pretrained.resolve_recipe(recipe, given={"context"})
+    assert (recipe.model.n_layers, recipe.model.context, recipe.model.kv_heads) == (2, 32, 2)
+    assert recipe.data.tokenizer == str(folder)
+    pretrained.resolve_recipe(recipe, given=None)  # a resolved recipe agrees with its source
+    recipe.model.d_model = 128
+    with pytest.raises(UserError, match="model.d_model = 128 contradicts"):
+        pretrained.resolve_recipe(recipe, given={"d_model"})
+    recipe = Recipe()
+    recipe.train.init_from = str(folder)
+    recipe.model.context = 4096
+    with pytest.raises(UserError, match="longer than"):
+        pretrained.resolve_recipe(recipe, given={"context"})
+
+
+def test_unsupported_and_missing_sources(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(UserError, match="GPT2LMHeadModel"):
+        pretrained.read_source(tmp_path / "gpt2")
+    LlamaForCausalLM(LlamaConfig(**COMMON, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0})
+                     ).save_pretrained(tmp_path / "yarn")
+    with pytest.raises(UserError, match="yarn"):
+        pretrained.read_source(tmp_path / "yarn")
+    with pytest.raises(UserError, match="no such folder"):
+        pretrained.read_source(tmp_path / "nothing")
+
+
+def test_bad_input_is_one_line_exit_2(checkpoints, tmp_path, capsys, monkeypatch):
+    """Through the CLI entry point: a missing source, an unsupported architecture, --freeze-trunk with
+    ntp, a recipe contradicting the checkpoint, and --resume with another source: one line, exit 2."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from conftest import cli_in_process
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    folder = checkpoints["llama-tied"]
+    (tmp_path / "wide.toml").write_text("[model]\nd_model = 128\n")
+    capsys.readouterr()
+    cases = [
+        (["train", "--init-from", "/nonexistent/model", "--steps", "1"], "/nonexistent/model"),
+        (["eval", "--hf", "/nonexistent/model"], "/nonexistent/model"),
+        (["eval", "--hf", tmp_path / "gpt2", "--tasks", "heldout"], "GPT2LMHeadModel"),
+        (["train", "--init-from", folder, "--freeze-trunk", "--objective", "ntp", "--lr", "1e-4"], "nothing to train"),
+        (["train", "--init-from", folder, "--recipe", tmp_path / "wide.toml"], "model.d_model = 128 contradicts"),
+    ]
+    run = tmp_path / "run"
+    (run).mkdir()
+    (run / "run.json").write_text(json.dumps({"recipe": {"train": {"init_from": str(folder)}}}))
+    cases.append((["train", "--resume", "--out", run, "--init-from", checkpoints["llama3-rope"]], "started from"))
+    for argv, needle in cases:
+        code, _, err = cli_in_process(*argv, capsys=capsys)
+        assert code == 2, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and needle in err.replace("\n", ""), (argv, err)
+
+
+def _frozen_recipe(folder: Path, **data_kw):
+    from conftest import TINY_FILES
+
+    from mtp_cli.config import DataConfig, MTPConfig, Recipe, TrainConfig
+
+    recipe = Recipe(name="posthoc", mtp=MTPConfig("sequential", depth=1),
+                    data=DataConfig(**{"source": "files", "paths": list(TINY_FILES), **data_kw}),
+                    train=TrainConfig(steps=6, batch_size=4, lr=1e-3, warmup=1, eval_every=6, eval_batches=1,
+                                      ckpt_every=6, peak_flops=1e11, init_from=str(folder), freeze_trunk=True))
+    recipe.model.context = 32
+    pretrained.resolve_recipe(recipe, given={"context"})
+    return recipe
+
+
+@pytest.mark.parametrize("case", ["llama-tied", "qwen2-biased-gqa"])
+def test_frozen_trunk_is_bit_identical_after_training(checkpoints, case, tmp_path):
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.train import train
+
+    folder = checkpoints[case]
+    summary = train(_frozen_recipe(folder), tmp_path / "run", show_progress=False)
+    assert summary["init_from"]["weights_sha256"] == pretrained.weights_hash(folder)
+    run = load_run(tmp_path / "run")
+    source, _, _ = pretrained.load_trunk(folder)
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(run.model.trunk.state_dict()[name], tensor), name
+    from mtp_cli.model import MTPModel
+
+    start = MTPModel(run.recipe.model, run.recipe.mtp)
+    pretrained.init_model(start, pretrained.read_source(folder))
+    moved = [k for k, v in start.mtp.state_dict().items() if not torch.equal(v, run.model.mtp.state_dict()[k])]
+    assert moved  # the modules did train
+
+
+def test_self_distilled_data_is_the_trunks_greedy_text(checkpoints, tmp_path):
+    """The self corpus is prompt + greedy continuation, as transformers' own greedy decoding writes it,
+    cached under a key that carries the trunk's weights hash."""
+    from conftest import TINY_FILES
+
+    from mtp_cli.config import DataConfig
+    from mtp_cli.data import selfdistill
+
+    folder = checkpoints["llama-gqa-untied"]
+    cfg = DataConfig(source="self", self_prompts="files", paths=list(TINY_FILES[:2]), self_samples=3,
+                     self_prompt_tokens=8, self_new_tokens=12)
+    docs = selfdistill.documents(cfg, str(folder), tmp_path, show_progress=False)
+    assert len(docs) == 3
+    tok = toklib.load(folder)
+    prompts = selfdistill.prompt_ids(cfg, tok)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    for doc, prompt in zip(docs, prompts):
+        ids = torch.tensor([prompt])
+        ref = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)[0].tolist()
+        assert doc == tok.decode(ref[:ref.index(tok.eos_token_id) + 1] if tok.eos_token_id in ref else ref,
+                                 skip_special_tokens=True)
+    cached = list((tmp_path / "self").glob("*.jsonl"))
+    assert len(cached) == 1
+    assert json.loads(cached[0].read_text().splitlines()[0])["meta"]["weights_sha256"] == pretrained.weights_hash(folder)
+    other = make_checkpoint(tmp_path / "other", "llama-gqa-untied", tokenizer_from=folder, seed=5)
+    selfdistill.documents(cfg, str(other), tmp_path, show_progress=False)
+    assert len(list((tmp_path / "self").glob("*.jsonl"))) == 2  # other weights, another cache entry
+
+
+def test_bad_combinations_are_errors(checkpoints):
+    from mtp_cli.config import Recipe
+
+    recipe = Recipe()
+    recipe.train.freeze_trunk = True
+    recipe.train.init_from = str(checkpoints["llama-tied"])
+    with pytest.raises(UserError, match="nothing to train"):
+        recipe.validate()
+    recipe.train.init_from = ""
+    recipe.mtp.objective = "sequential"
+    with pytest.raises(UserError, match="needs --init-from"):
+        recipe.validate()
+
+
+def test_eval_hf_heldout_matches_transformers(checkpoints, tmp_path):
+    """`mtp eval --hf` scores the checkpoint itself: its held-out loss is transformers' cross-entropy
+    on the same validation windows."""
+    from conftest import TINY_FILES
+
+    from mtp_cli.config import load_recipe
+    from mtp_cli.data import shards
+    from mtp_cli.evals.runner import hf_run, run_eval
+
+    folder = checkpoints["qwen2-biased-gqa"]
+    recipe_file = tmp_path / "r.toml"
+    recipe_file.write_text(f"[model]\ncontext = 48\n[data]\nsource = 'files'\npaths = {json.dumps(TINY_FILES)}\n")
+    doc = run_eval(tasks="heldout", limit=3, hf=str(folder), recipe=str(recipe_file), json_path=tmp_path / "e.json",
+                   show_progress=False)
+    assert doc["hf"]["weights_sha256"] == pretrained.weights_hash(folder) and doc["context"] == 48
+    run, _ = hf_run(str(folder), str(recipe_file))
+    val = shards.prepare_for(run.recipe).val
+    ids = torch.from_numpy(val[:3 * 48 + 1].astype("int64"))
+    windows = torch.stack([ids[i * 48:(i + 1) * 48 + 1] for i in range(3)])
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(windows[:, :-1]).logits
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+    assert abs(doc["results"]["heldout"]["loss"] - float(ref)) < 1e-4
+    assert load_recipe("quick").model.n_layers != run.recipe.model.n_layers  # [model] is the checkpoint's
+
+
+@pytest.mark.slow
+def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
+    """cpu-posthoc in miniature, through `mtp ablate`: the [source] stage trains and exports an NTP run of another
+    recipe, two frozen-trunk D=1 modules train from its export (self-distilled data, corpus), eval and specbench
+    run, and the baseline is the export evaluated as it is. The trunk's held-out loss is the baseline's in every
+    run, and the trunk weights are the source's bit for bit."""
+    from conftest import ablation_toml
+
+    from mtp_cli.ablate import run_ablation
+    from mtp_cli.checkpoint import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src.toml").write_text(ablation_toml(name="src", steps=8, variants='[[variants]]\nname = "ntp"\n'))
+    variants = ('[[variants]]\nname = "self"\ndata = { source = "self" }\n\n[[variants]]\nname = "corpus"\n')
+    post = ablation_toml(name="post", steps=4, eval_tasks=("heldout",), variants=variants)
+    post = post.replace("[model]\nvocab_size = 512\nn_layers = 3\nd_model = 32\nn_heads = 2\nffn_hidden = 64\ncontext = 32\n",
+                        "[model]\ncontext = 32\n")
+    post = post.replace("[train]\n", '[train]\nfreeze_trunk = true\n')  # init_from: the [source]'s export
+    post = post.replace('[data]\n', '[data]\nself_prompts = "files"\nself_samples = 8\nself_prompt_tokens = 8\n'
+                        'self_new_tokens = 24\n')
+    post = post.replace('[eval]\n', '[eval]\nbaseline = true\n')
+    post += '\n[source]\nrecipe = "src.toml"\nvariant = "ntp"\nseed = 0\n\n[mtp]\nobjective = "sequential"\ndepth = 1\n'
+    (tmp_path / "post.toml").write_text(post)
+
+    dry = run_ablation("post.toml", dry_run=True)
+    assert dry.cells[0].recipe.train.init_from == str(Path("results/post/source/ntp-s0/export"))
+    assert dry.extra_stages == ["source", "baseline"]
+    ab = run_ablation("post.toml", show_progress=False)
+    assert not ab.failures, ab.failures
+    source_trunk = {k: v for k, v in load_checkpoint(tmp_path / "results/post/source/ntp-s0")["model"].items()
+                    if k.startswith("trunk.")}
+    baseline = json.loads((tmp_path / "results/post/baseline/eval.json").read_text())
+    for name in ("self-s0", "corpus-s0"):
+        run = tmp_path / "results/post/runs" / name
+        trained = load_checkpoint(run)["model"]
+        for key, tensor in source_trunk.items():
+            assert torch.equal(trained[key], tensor), (name, key)
+        assert json.loads((run / "specbench.json").read_text())["results"]
+        run_json = json.loads((run / "run.json").read_text())
+        assert run_json["init_from"]["weights_sha256"] == baseline["hf"]["weights_sha256"]
+    runs = {n: json.loads((tmp_path / f"results/post/runs/{n}-s0/run.json").read_text()) for n in ("self", "corpus")}
+    assert runs["self"]["recipe"]["data"]["source"] == "self" and runs["self"]["data"]["key"] != runs["corpus"]["data"]["key"]
+    corpus_eval = json.loads((tmp_path / "results/post/runs/corpus-s0/eval.json").read_text())
+    assert corpus_eval["results"]["heldout"]["loss"] == baseline["results"]["heldout"]["loss"]
+    assert run_ablation("post.toml", dry_run=True).extra_stages == []  # the source and baseline are done
+
+
+def test_frozen_trunk_runs_without_autograd(checkpoints):
+    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.model import MTPModel
+
+    recipe = Recipe()
+    recipe.train.init_from = str(checkpoints["llama-tied"])
+    src = pretrained.resolve_recipe(recipe, given=set())
+    for mtp in (MTPConfig("sequential", depth=1), MTPConfig("parallel", heads=2, compute_matched=False)):
+        model = MTPModel(recipe.model, mtp)
+        pretrained.init_model(model, src)
+        x = torch.randint(0, 300, (2, 16))
+        model.frozen_trunk = True  # the no-grad forward alone: no graph through the trunk's blocks
+        model(x[:, :-1], x[:, 1:]).loss.backward()
+        assert all(p.grad is None for p in model.trunk.layers.parameters())
+        model.zero_grad(set_to_none=True)
+        model.freeze_trunk()
+        out = model(x[:, :-1], x[:, 1:])
+        assert not out.loss_main.requires_grad
+        out.loss.backward()
+        assert all(p.grad is None for p in model.trunk.parameters())
+        assert all(p.grad is not None for p in model.mtp.parameters())
+
+
+def test_cli_train_init_from_uses_the_checkpoint(checkpoints, tmp_path, capsys, monkeypatch):
+    """`mtp train --init-from` with a recipe that sets only the context: the checkpoint's architecture and
+    tokenizer, and run.json records the source and its weights' hash."""
+    from conftest import TINY_FILES, cli_in_process
+
+    monkeypatch.chdir(tmp_path)
+    folder = checkpoints["qwen2-biased-gqa"]
+    (tmp_path / "r.toml").write_text(f"[model]\ncontext = 32\n[data]\nsource = 'files'\npaths = {json.dumps(TINY_FILES)}\n"
+                                     "[train]\nbatch_size = 2\nwarmup = 1\neval_batches = 1\npeak_flops = 1e11\n")
+    code, _, err = cli_in_process("train", "--init-from", folder, "--recipe", tmp_path / "r.toml", "--steps", "2",
+                                  "--lr", "1e-4", "--depth", "1", "--out", tmp_path / "run", capsys=capsys)
+    assert code == 0, err
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["init_from"] == {"source": str(folder), "path": str(folder), "architecture": "Qwen2ForCausalLM",
+                                "weights_sha256": pretrained.weights_hash(folder)}
+    model = run["recipe"]["model"]
+    assert (model["n_layers"], model["d_model"], model["n_kv_heads"], model["qkv_bias"], model["context"]) == (2, 64, 2, True, 32)
+    assert run["data"]["tokenizer_size"] == len(toklib.load(folder))
+
+
+def test_runs_stored_before_these_keys_still_resume(tmp_path):
+    """A run.json written before qkv_bias/rope_scaling/init_from/freeze_trunk/self_* existed is the same run."""
+    from conftest import micro_recipe
+
+    from mtp_cli.train import _check_out_dir
+
+    recipe = micro_recipe()
+    stored = recipe.to_dict()
+    for section, keys in (("model", ("qkv_bias", "rope_scaling")), ("train", ("init_from", "freeze_trunk")),
+                          ("data", ("self_prompts", "self_samples", "self_prompt_tokens", "self_new_tokens"))):
+        for key in keys:
+            del stored[section][key]
+    (tmp_path / "run.json").write_text(json.dumps({"recipe": stored}))
+    assert _check_out_dir(tmp_path, recipe, resume=True, force=False) is False  # same run, no checkpoint yet
+    recipe.model.qkv_bias = True
+    with pytest.raises(UserError, match="model settings differ"):
+        _check_out_dir(tmp_path, recipe, resume=True, force=False)
