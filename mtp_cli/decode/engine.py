@@ -18,6 +18,7 @@ sequence grows or rolls back. On CUDA it compiles with `mode="reduce-overhead"` 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -123,6 +124,7 @@ class Engine:
             self.heads = [BlockWeights(b) for b in model.mtp]
         self._tables(trunk.cfg.context)
         self.compiled = compile
+        self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
         self._static = None
         if compile:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
@@ -193,11 +195,20 @@ class Engine:
         static = self.compiled if static is None else static
         if static:
             cache.check(int(cache.lengths.max()) + T - 1)
-            fn = self._static or self.forward_static
-            out = fn(tokens, positions, cache.k, cache.v)
+            out = self._run_static(tokens, positions, cache)
         else:
             out = self.run_trunk(tokens, self.plan(positions, cache.capacity), cache)
         cache.advance(T)
+        return out
+
+    def _run_static(self, tokens: Tensor, positions: Tensor, cache: StaticKVCache) -> tuple[Tensor, Tensor]:
+        if self._static is None:
+            return self.forward_static(tokens, positions, cache.k, cache.v)
+        graphs = compiled_graphs()
+        t0 = time.perf_counter()
+        out = self._static(tokens, positions, cache.k, cache.v)
+        if compiled_graphs() != graphs:
+            self.compile_s += time.perf_counter() - t0
         return out
 
     def head_norm(self, hidden: Tensor, norm: Tensor | None = None) -> Tensor:
@@ -232,6 +243,13 @@ class Engine:
 class _Stores:
     def __init__(self, k: list[Tensor], v: list[Tensor]):
         self.k, self.v = k, v
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process (a recompilation adds one)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def engine_for(trunk, model=None, compile: bool = False) -> Engine:
