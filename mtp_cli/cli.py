@@ -106,6 +106,8 @@ def eval_(
     text: Optional[Path] = typer.Option(None, help="Also report held-out loss and bits per byte on this text file."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/eval.json)."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's; 1 is fastest for small models on busy cores)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
+                                                                                "(default: on CUDA only; on CPU it is no faster)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     import torch
@@ -117,7 +119,7 @@ def eval_(
             raise UserError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     doc = run_eval(run, tasks, limit=limit, gsm8k_data=gsm8k_data, samples=samples, temperature=temperature,
-                   text=text, json_path=json_path)
+                   text=text, json_path=json_path, compile=compile)
     ui.out.print(results_table(doc))
     ui.out.print(f"results written to {doc['json_path']}", markup=False)
 
@@ -133,12 +135,14 @@ def generate(
     speculative: bool = typer.Option(False, "--speculative", help="Let the run's MTP modules draft and the trunk verify "
                                                                    "(greedy: the same text; sampling: the same distribution)."),
     draft_len: Optional[int] = typer.Option(None, help="Drafts per step with --speculative (default: one per module/head)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
+                                                                                "(default: on CUDA only; on CPU it is no faster)."),
 ) -> None:
     """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
     from mtp_cli.decode.batching import complete
 
     result = complete(run, prompt, max_new_tokens, temperature, top_p, seed, speculative=speculative,
-                      draft_len=draft_len)
+                      draft_len=draft_len, compile=compile)
     ui.out.print(prompt + result["text"], markup=False, highlight=False)
     ui.console.print(f"{result['tokens']} tokens in {result['seconds']:.2f} s", highlight=False)
     if speculative:
@@ -162,13 +166,16 @@ def specbench(
     gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K test.jsonl for --prompts gsm8k (or set MTP_GSM8K_DATA)."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads during the benchmark (default: torch's)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
+                                                                                "(default: on CUDA only; on CPU it is no faster)."),
 ) -> None:
     """End-to-end latency: plain greedy vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers."""
     from mtp_cli.decode.bench import JSON_NAME, render_table, run_specbench
 
     report = run_specbench(run, prompts=prompts, limit=limit or None, max_new_tokens=max_new_tokens,
                            batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
-                           draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads)
+                           draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads,
+                           compile=compile)
     ui.out.print(render_table(report))
     if report["no_mtp_reason"]:
         ui.out.print(f"no MTP row: {report['no_mtp_reason']}", markup=False)

@@ -30,7 +30,8 @@ from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.prompts import load_prompts
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
-from mtp_cli.decode.timing import PhaseTimer
+from mtp_cli.decode.engine import default_compile, engine_for
+from mtp_cli.decode.timing import PhaseTimer, forward_costs
 from mtp_cli.errors import UserError
 
 JSON_NAME = "specbench.json"
@@ -59,30 +60,13 @@ class Tally:
 Runner = Callable[[list[list[int]], Tally], tuple[list[list[int]], float]]  # batch -> (outputs, TTFT)
 
 
-class TimedTrunk:
-    """The trunk as `generate` sees it, its prefill and per-token forwards timed."""
-
-    def __init__(self, trunk, timer: PhaseTimer):
-        self._trunk, self._timer = trunk, timer
-
-    def __getattr__(self, name):
-        return getattr(self._trunk, name)
-
-    def __call__(self, *args, **kwargs):
-        with self._timer("step"):
-            return self._trunk(*args, **kwargs)
-
-    def forward_hidden(self, *args, **kwargs):
-        with self._timer("prefill"):
-            return self._trunk.forward_hidden(*args, **kwargs)
-
-
 def run_specbench(run_dir, prompts: str = "humaneval", limit: int | None = 20, max_new_tokens: int = 128,
                   batch_sizes: Sequence[int] = (1,), repeats: int = 5, draft_len: int | None = None,
                   draft_run=None, json_path=None, show_progress: bool = True, gsm8k_data=None,
-                  threads: int | None = None) -> dict:
+                  threads: int | None = None, compile: bool | None = None) -> dict:
     """Benchmark one run; writes the report to `json_path` (default `<run>/specbench.json`) and returns it.
-    `threads` sets torch's intra-op threads for the benchmark (default: as they are)."""
+    `threads` sets torch's intra-op threads for the benchmark (default: as they are); `compile` our
+    decoders' torch.compile switch (None: the device's default)."""
     batch_sizes = _check_args(limit, max_new_tokens, batch_sizes, repeats)
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
@@ -90,23 +74,24 @@ def run_specbench(run_dir, prompts: str = "humaneval", limit: int | None = 20, m
     torch.set_num_threads(threads or saved)
     try:
         return _specbench(run_dir, prompts, limit, max_new_tokens, batch_sizes, repeats, draft_len, draft_run,
-                          json_path, show_progress, gsm8k_data)
+                          json_path, show_progress, gsm8k_data, compile)
     finally:
         torch.set_num_threads(saved)
 
 
 def _specbench(run_dir, prompts, limit, max_new_tokens, batch_sizes, repeats, draft_len, draft_run, json_path,
-               show_progress, gsm8k_data) -> dict:
+               show_progress, gsm8k_data, compile) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    compile = default_compile(device) if compile is None else compile
     run = load_run(run_dir, device)
     texts = load_prompts(prompts, limit, gsm8k_data)
     ids, prompt_info = _encode(run, texts, max_new_tokens)
     draft = _load_draft(draft_run, run, device) if draft_run else None
     model, eos = run.model, run.tokenizer.eos_token_id
     k = draft_len_for(model, draft_len) if model.n_extra else None
-    runners = {"greedy": _ours_greedy(model, max_new_tokens, eos)}
+    runners = {"greedy": _ours_greedy(model, max_new_tokens, eos, compile)}
     if k:
-        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k)
+        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, compile)
     hf = _hf_model(run)
     runners["hf_generate"] = _hf_runner(hf, run.tokenizer, max_new_tokens, {})
     runners["hf_prompt_lookup"] = _hf_runner(hf, run.tokenizer, max_new_tokens,
@@ -115,6 +100,7 @@ def _specbench(run_dir, prompts, limit, max_new_tokens, batch_sizes, repeats, dr
         runners["hf_assisted"] = _hf_runner(hf, run.tokenizer, max_new_tokens, {"assistant_model": _hf_model(draft)})
 
     report = _header(run, prompts, prompt_info, max_new_tokens, batch_sizes, repeats, k, draft)
+    report["environment"]["compile"] = compile
     n_tasks = sum(len(_applicable(runners, bs)) * (repeats + 1) for bs in batch_sizes)
     with ui.progress(transient=True, disable=not show_progress) as bar:
         task = bar.add_task("specbench", total=n_tasks, info="")
@@ -124,6 +110,7 @@ def _specbench(run_dir, prompts, limit, max_new_tokens, batch_sizes, repeats, dr
                                           for m in runners if m not in active}
             tallies = _measure(active, ids, bs, repeats, device, lambda m: bar.update(task, advance=1, info=f"bs {bs} {m}"))
             report["results"][str(bs)] = _summarise(tallies, model, ids)
+            _add_forward_costs(report["results"][str(bs)], model, ids[:bs], k, compile)
             report["summary"][str(bs)] = _headline(report["results"][str(bs)])
     write_json(Path(json_path) if json_path else Path(run_dir) / JSON_NAME, report)
     return report
@@ -178,20 +165,20 @@ def _applicable(runners: dict, bs: int) -> dict:
 
 
 # ---- the methods ----------------------------------------------------------------------------------
-def _ours_greedy(model, max_new_tokens: int, eos: int) -> Runner:
+def _ours_greedy(model, max_new_tokens: int, eos: int, compile: bool) -> Runner:
     def run(batch, tally):
         before = tally.timer.total["prefill"]
-        out = generate(TimedTrunk(model.trunk, tally.timer), batch, max_new_tokens, eos_id=eos)
+        out = generate(model.trunk, batch, max_new_tokens, eos_id=eos, compile=compile, timer=tally.timer)
         return out, tally.timer.total["prefill"] - before
     return run
 
 
-def _ours_mtp(model, max_new_tokens: int, eos: int, k: int) -> Runner:
+def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool) -> Runner:
     def run(batch, tally):
         tally.stats = tally.stats or SpecStats(k)
         before = tally.timer.total["prefill"]
         out = speculative_generate(model, batch, max_new_tokens, draft_len=k, eos_id=eos, stats=tally.stats,
-                                   timer=tally.timer)
+                                   timer=tally.timer, compile=compile)
         return out, tally.timer.total["prefill"] - before
     return run
 
@@ -302,6 +289,8 @@ def _summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]]) -> 
         _put(e, "ttft_s", [float(np.mean(t.ttfts)) for t in runs])
         _put(e, "tpot_s", [float(np.nanmean(t.tpots)) for t in runs])
         e.update(_lossless(model, ids, reference, runs[0].outputs))
+        if name in ("greedy", "mtp"):
+            e["t_prefill_s"] = median_ci([t.timer.mean("prefill") for t in runs])[0]
         if name == "greedy":
             e["t_step_s"] = median_ci([t.timer.mean("step") for t in runs])[0]
         if name == "mtp":
@@ -329,6 +318,27 @@ def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
     e["t_draft0_s"] = median_ci([t.timer.mean("draft0") for t in runs])[0]
     _put(e, "speedup_over_ideal", [t.tokens_per_s / b.tokens_per_s / i for t, b, i in zip(runs, base, ideal)])
     return e
+
+
+VERIFY_WIDTHS_UP_TO = 3  # t_verify is measured for k = 1..max(3, the draft length)
+
+
+def _add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | None, compile: bool) -> None:
+    """Beside the end-to-end phase means: the one-time compile cost of our decoders (`compile_s`, in
+    their warm-up), and the trunk forward at fixed widths on these prompts (`t_forward_by_width_s`:
+    width 1 is the plain step, width k+1 verifies k drafts; `t_verify_by_k_s` and its ratio to the
+    step for k = 1..max(3, k))."""
+    greedy_engine = engine_for(model.trunk, compile=compile)
+    results["greedy"]["compile_s"] = greedy_engine.compile_s
+    if "mtp" not in results:
+        return
+    engine = engine_for(model.trunk, model, compile=compile)
+    results["mtp"]["compile_s"] = engine.compile_s
+    ks = range(1, max(VERIFY_WIDTHS_UP_TO, k) + 1)
+    costs = forward_costs(engine, prompts, [1, *(j + 1 for j in ks)])
+    results["mtp"]["t_forward_step_s"] = costs[1]
+    results["mtp"]["t_verify_by_k_s"] = {str(j): costs[j + 1] for j in ks}
+    results["mtp"]["verify_over_step_by_k"] = {str(j): costs[j + 1] / costs[1] for j in ks}
 
 
 def _lossless(model, ids, reference: list[list[int]], outputs: list[list[int]]) -> dict:
@@ -418,9 +428,26 @@ def render_table(report: dict):
     notes = [f"MTP modules: {params['mtp_bytes'] / 1e6:.2f} MB of extra weights"] if params["mtp"] else []
     if "draft_bytes" in params:
         notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
+    notes += _parts_notes(report)
     table.caption = "; ".join(notes) or None
     return table
 
 
-def _fmt(value, fmt: str) -> str:
-    return "" if value is None else fmt.format(value)
+def _parts_notes(report: dict) -> list[str]:
+    """The measured parts of our decoders per batch size, in ms (compile in s)."""
+    notes = []
+    for bs, methods in report["results"].items():
+        g, m = methods.get("greedy", {}), methods.get("mtp")
+        parts = [f"step {_fmt(g.get('t_step_s'), '{:.2f}', 1e3)}", f"prefill {_fmt(g.get('t_prefill_s'), '{:.1f}', 1e3)}"]
+        if m:
+            verify = "/".join(_fmt(v, "{:.2f}", 1e3) for v in m.get("t_verify_by_k_s", {}).values())
+            parts += [f"verify k=1..{len(m.get('t_verify_by_k_s', {}))} {verify}",
+                      f"draft {_fmt(m.get('t_draft_s'), '{:.2f}', 1e3)}"]
+        compiled = sum(e.get("compile_s") or 0.0 for e in methods.values())
+        parts.append(f"compile {compiled:.1f} s")
+        notes.append(f"bs {bs} ms: " + ", ".join(parts))
+    return notes
+
+
+def _fmt(value, fmt: str, scale: float = 1.0) -> str:
+    return "" if value is None else fmt.format(value * scale)

@@ -90,9 +90,10 @@ def cache_capacity(engine: Engine, needed: int) -> int:
 @torch.no_grad()
 def generate(trunk: Trunk, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 1.0, stop: StopFn | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None, compile: bool = False, timer=None) -> list[list[int]]:
+             generator: torch.Generator | None = None, compile: bool | None = None, timer=None) -> list[list[int]]:
     """Completions (new token ids only) for each prompt. Stops a row at EOS, at `stop`, or at the limit.
-    `compile` runs the 1-token step compiled; `timer` times the phases prefill / step."""
+    `compile` runs the 1-token step compiled (None: the device's default); `timer` times the phases
+    prefill / step."""
     if not prompts:
         return []
     engine, timer = engine_for(trunk, compile=compile), timer or NO_TIMER
@@ -102,7 +103,7 @@ def generate(trunk: Trunk, prompts: Sequence[Sequence[int]], max_new_tokens: int
     outputs: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))  # original row index of each batch row
     live = list(range(len(prompts)))  # batch rows still generating
-    compact_at = 0.0 if compile else COMPACT_AT  # compiled: one batch shape, no recompilation
+    compact_at = 0.0 if engine.compiled else COMPACT_AT  # compiled: one batch shape, no recompilation
     for step in range(max_new_tokens):
         if len(live) == len(active):
             tokens = next_token(logits, temperature, top_p, generator)

@@ -276,7 +276,7 @@ def draft_len_for(model, draft_len: int | None = None) -> int:
     return k
 
 
-def make_drafter(model, draft_len: int | None, batch: int, capacity: int, compile: bool = False) -> Drafter:
+def make_drafter(model, draft_len: int | None, batch: int, capacity: int, compile: bool | None = False) -> Drafter:
     k = draft_len_for(model, draft_len)
     cls = ParallelDrafter if model.objective == "parallel" else SequentialDrafter
     return cls(engine_for(model.trunk, model, compile), model, k, batch, capacity)
@@ -287,11 +287,11 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
                          temperature: float = 0.0, top_p: float = 1.0, stop: StopFn | None = None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
                          drafter: Drafter | None = None, stats: SpecStats | None = None, timer=None,
-                         compile: bool = False) -> list[list[int]]:
+                         compile: bool | None = None) -> list[list[int]]:
     """`generate`'s contract for an `MTPModel` (greedy: its exact output), drafting with the model's
     own modules unless `drafter` is given. `stats` accumulates counters, `timer` times the phases
     prefill / draft0 (the modules' pass over the prompt) / draft / verify. `compile` runs the
-    verification forward (fixed width k+1) compiled."""
+    verification forward (fixed width k+1) compiled (None: the device's default)."""
     if not prompts:
         return []
     engine, timer = engine_for(model.trunk, model, compile), timer or NO_TIMER

