@@ -128,3 +128,57 @@ def test_compiled_greedy_equals_eager_without_recompiling():
         assert generate(trunk, [p[::-1] for p in PROMPTS], 30, compile=True) \
             == generate(trunk, [p[::-1] for p in PROMPTS], 30)
     assert compiled_graphs() == graphs, "the compiled step recompiled"
+
+
+def test_compiled_speculative_equals_eager_greedy():
+    """A 1-layer trunk with one DeepSeek module: compiled verification (width k+1) gives plain
+    greedy's output, token for token."""
+    from conftest import tiny_model_config
+    from mtp_cli.config import MTPConfig
+    from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.model.mtp import MTPModel
+
+    torch.manual_seed(0)
+    model = MTPModel(tiny_model_config(n_layers=1), MTPConfig(objective="sequential", depth=1)).eval()
+    init_weights(model, 0.3)
+    prompt = [PROMPTS[0]]
+    assert speculative_generate(model, prompt, 20, draft_len=2, compile=True) == generate(model.trunk, prompt, 20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective,draft_len", [("sequential", 1), ("sequential", 3), ("parallel", 2)])
+def test_compiled_speculative_is_lossless_on_trained_runs(tiny_runs, objective, draft_len):
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.decode.speculative import speculative_generate
+
+    run = load_run(tiny_runs[objective])
+    prompts = [run.tokenizer.encode(t) for t in ("def split(s, sep=None):\n    ", "import os\n", "class A:\n")]
+    expected = generate(run.model.trunk, prompts, 30)
+    assert generate(run.model.trunk, prompts, 30, compile=True) == expected
+    assert speculative_generate(run.model, prompts, 30, draft_len=draft_len, compile=True) == expected
+
+
+@pytest.mark.slow
+def test_compiled_sampling_preserves_the_distribution(tiny_runs):
+    from test_speculative import _chi_square_pvalue, _first_two_token_law
+
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.decode.speculative import SpecStats, speculative_generate
+
+    run = load_run(tiny_runs["sequential"])
+    prompt = run.tokenizer.encode("def split(s, sep=None):\n    ")
+    temperature, n = 0.8, 4000
+    p1, p2 = _first_two_token_law(run.model.trunk, prompt, temperature)
+    stats = SpecStats(2)
+    out = speculative_generate(run.model, [prompt] * n, 2, draft_len=2, temperature=temperature,
+                               generator=torch.Generator().manual_seed(0), stats=stats, compile=True)
+    assert min(stats.accepted, stats.drafted - stats.accepted) > 100
+    V = p1.shape[0]
+    c1 = torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double()
+    c2 = torch.bincount(torch.tensor([o[1] for o in out]), minlength=V).double()
+    assert _chi_square_pvalue(c1, p1) > 1e-3 and _chi_square_pvalue(c2, p2) > 1e-3
+    plain = generate(run.model.trunk, [prompt] * n, 2, temperature=temperature,
+                     generator=torch.Generator().manual_seed(1), compile=True)
+    c1 = torch.bincount(torch.tensor([o[0] for o in plain]), minlength=V).double()
+    c2 = torch.bincount(torch.tensor([o[1] for o in plain]), minlength=V).double()
+    assert _chi_square_pvalue(c1, p1) > 1e-3 and _chi_square_pvalue(c2, p2) > 1e-3
