@@ -132,7 +132,8 @@ def test_compiled_greedy_equals_eager_without_recompiling():
 
 def test_compiled_speculative_equals_eager_greedy():
     """A 1-layer trunk with one DeepSeek module: compiled verification (width k+1) gives plain
-    greedy's output, token for token."""
+    greedy's output, token for token, on a ragged batch whose rows finish at different steps, and
+    does not recompile on the next call."""
     from conftest import tiny_model_config
     from mtp_cli.config import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate
@@ -141,8 +142,15 @@ def test_compiled_speculative_equals_eager_greedy():
     torch.manual_seed(0)
     model = MTPModel(tiny_model_config(n_layers=1), MTPConfig(objective="sequential", depth=1)).eval()
     init_weights(model, 0.3)
-    prompt = [PROMPTS[0]]
-    assert speculative_generate(model, prompt, 20, draft_len=2, compile=True) == generate(model.trunk, prompt, 20)
+    def stop(i, ids):  # rows finish at different steps: they ride along, frozen, in the compiled batch
+        return len(ids) >= 6 + 4 * i
+
+    expected = generate(model.trunk, PROMPTS, 20, stop=stop)
+    assert speculative_generate(model, PROMPTS, 20, draft_len=2, compile=True, stop=stop) == expected
+    graphs = compiled_graphs()
+    assert speculative_generate(model, PROMPTS[::-1], 20, draft_len=2, compile=True) \
+        == generate(model.trunk, PROMPTS[::-1], 20)
+    assert compiled_graphs() == graphs, "verification recompiled"
 
 
 @pytest.mark.slow

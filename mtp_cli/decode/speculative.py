@@ -313,13 +313,20 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
     active = list(range(len(prompts)))
     n_new, new = torch.ones_like(lengths), tokens[:, None]
     span = torch.arange(k + 1, device=device)
+    frozen = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     phase = "draft0"
     while True:
         keep = _emit(outputs, active, new.tolist(), n_new.tolist(), max_new_tokens, eos_id, stop)
         if not keep:
             return outputs
-        if len(keep) < len(active):
+        if engine.compiled and len(keep) < len(active) - int(frozen.sum()):
+            # compiled: finished rows ride along (one batch shape, no recompilation), frozen in place
+            for row in set(range(len(active))) - set(keep):
+                active[row] = None
+            frozen = torch.tensor([i is None for i in active], device=device)
+        elif not engine.compiled and len(keep) < len(active):
             rows = torch.tensor(keep, device=device)
+            frozen = frozen[rows]
             cache.select(rows)
             drafter.select(rows)
             seq, lengths = seq[rows], lengths[rows]
@@ -331,22 +338,24 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         with timer("verify"):
             hidden, shared = engine.forward(torch.cat([seq[rows, lengths][:, None], drafts], 1), cache)
             n_acc, nxt = accept(drafts, q, engine.head(hidden), temperature, top_p, generator)
-        stats.record(n_acc)
+        stats.record(n_acc[~frozen])
         new = torch.cat([drafts, nxt[:, None]], 1)
         new[rows, n_acc] = nxt  # committed: drafts[:n_acc], then the trunk's token
-        n_new = n_acc + 1
+        n_new = (n_acc + 1).masked_fill_(frozen, 0)
         seq[rows[:, None], lengths[:, None] + 1 + span] = new
         drafter.commit(lengths, n_new, hidden, shared)
         lengths = lengths + n_new
         cache.rollback(lengths)
 
 
-def _emit(outputs: list[list[int]], active: list[int], new: list[list[int]], n_new: list[int],
+def _emit(outputs: list[list[int]], active: list[int | None], new: list[list[int]], n_new: list[int],
           max_new_tokens: int, eos_id: int | None, stop: StopFn | None) -> list[int]:
     """Append each row's committed tokens one at a time, with `generate`'s stopping rules (EOS, the
     stop function, the length limit); returns the batch rows that go on."""
     keep = []
     for row, i in enumerate(active):
+        if i is None:  # a finished row riding along
+            continue
         out = outputs[i]
         for tok in new[row][: n_new[row]]:
             out.append(tok)
