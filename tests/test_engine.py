@@ -27,20 +27,22 @@ def random_trunk(seed: int = 0, **kw) -> Trunk:
 PROMPTS = [[5, 9, 2, 7, 1, 3, 8], [4, 4, 6], [11, 3, 2, 9, 9], [1]]
 
 
-@pytest.mark.parametrize("kv_heads", [None, 2])
-def test_engine_logits_equal_the_training_forward(kv_heads):
-    """Prefill plus 1-token steps plus a 3-token verify give the trunk's own logits at every position."""
-    trunk = random_trunk(n_kv_heads=kv_heads) if kv_heads else random_trunk()
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("cfg_kw", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "tie_embeddings": False}],
+                         ids=["mha", "gqa", "mqa-untied"])
+def test_engine_logits_equal_the_training_forward(cfg_kw, batch):
+    """A chunked prefill, 1-token steps and a 4-token verify give the trunk's own logits at every
+    position (one row: slice writes and SDPA's causal kernel; two rows: scattered writes and a mask)."""
+    trunk = random_trunk(**cfg_kw)
     engine = engine_for(trunk)
-    seq = torch.randint(0, 512, (1, 20))
+    seq = torch.randint(0, 512, (batch, 20))
     with torch.no_grad():
-        ref = trunk(seq)[0]
-        cache = engine.new_cache(1, 32)
-        got = [engine.head(engine.forward(seq[:, :10], cache)[0])[0]]
-        for j in range(10, 16):
-            got.append(engine.head(engine.forward(seq[:, j:j + 1], cache)[0])[0])
-        got.append(engine.head(engine.forward(seq[:, 16:20], cache)[0])[0])
-    torch.testing.assert_close(torch.cat(got), ref, rtol=1e-4, atol=1e-4)
+        ref = trunk(seq)
+        cache = engine.new_cache(batch, 24)
+        chunks = [(0, 7), (7, 10), *((j, j + 1) for j in range(10, 16)), (16, 20)]
+        got = torch.cat([engine.head(engine.forward(seq[:, a:b], cache)[0]) for a, b in chunks], 1)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert cache.lengths.tolist() == [20] * batch
 
 
 def test_ragged_rows_equal_each_row_alone():

@@ -133,8 +133,8 @@ def test_sequential_module_caches_hold_training_states(runs):
     idx = torch.tensor([prompt + out])
     with torch.no_grad():
         x = trunk.embed_tokens(idx)
-        rope = trunk.rope(idx.shape[1], idx.device, None, x.dtype)
-        h = trunk.norm(trunk.run_layers(x, 0, trunk.n_layers, None, rope))
+        rope = trunk.rope(idx.shape[1], idx.device, x.dtype)
+        h = trunk.norm(trunk.run_layers(x, 0, trunk.n_layers, rope))
         for d, module in enumerate(model.mtp, 1):
             n = idx.shape[1] - d
             cos, sin = rope[0][:n], rope[1][:n]
@@ -143,7 +143,7 @@ def test_sequential_module_caches_hold_training_states(runs):
             normed = module.block.input_layernorm(block_in)
             ref_k = apply_rope(attn.k_proj(normed).view(1, n, cfg.kv_heads, cfg.head_dim), cos, sin)
             ref_v = attn.v_proj(normed).view(1, n, cfg.kv_heads, cfg.head_dim)
-            h = module(h[:, :n], x[:, d:], (cos, sin, None))
+            h = module(h[:, :n], x[:, d:], (cos, sin))
             got_k = drafter.caches[d - 1].k[0][0, :, :exact].transpose(0, 1)
             got_v = drafter.caches[d - 1].v[0][0, :, :exact].transpose(0, 1)
             torch.testing.assert_close(got_k, ref_k[0, :exact], rtol=1e-4, atol=1e-4)

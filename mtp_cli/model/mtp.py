@@ -26,7 +26,7 @@ from torch import nn
 from mtp_cli.config import ModelConfig, MTPConfig
 from mtp_cli.errors import UserError
 from mtp_cli.model import loss as L
-from mtp_cli.model.trunk import Block, KVCache, RMSNorm, Trunk, init_weights
+from mtp_cli.model.trunk import Block, RMSNorm, Trunk, init_weights
 
 
 class SharedHead(nn.Module):
@@ -46,10 +46,10 @@ class MTPModule(nn.Module):
         self.block = Block(cfg)
         self.shared_head = SharedHead(cfg)
 
-    def forward(self, h_prev: torch.Tensor, emb_next: torch.Tensor, rope, cache: KVCache | None = None) -> torch.Tensor:
-        cos, sin, positions = rope
+    def forward(self, h_prev: torch.Tensor, emb_next: torch.Tensor, rope) -> torch.Tensor:
+        cos, sin = rope
         x = self.eh_proj(torch.cat([self.enorm(emb_next), self.hnorm(h_prev)], dim=-1))
-        return self.block(x, cos, sin, cache, 0, positions)
+        return self.block(x, cos, sin)
 
 
 @dataclass
@@ -115,19 +115,19 @@ class MTPModel(nn.Module):
         its valid positions (T-k), already cut to length."""
         trunk, T = self.trunk, idx.shape[1]
         x = trunk.embed_tokens(idx)
-        rope = trunk.rope(T, idx.device, None, x.dtype)
+        rope = trunk.rope(T, idx.device, x.dtype)
         if self.objective == "parallel":
-            shared = trunk.run_layers(x, 0, trunk.n_layers - 1, None, rope)
-            hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, None, rope)
-            cos, sin, _ = rope
+            shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
+            hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
+            cos, sin = rope
             extras = [head(shared, cos, sin)[:, : T - k] for k, head in enumerate(self.mtp, 1)]
             return hidden, extras
-        hidden = trunk.run_layers(x, 0, trunk.n_layers, None, rope)
+        hidden = trunk.run_layers(x, 0, trunk.n_layers, rope)
         extras, h = [], (trunk.norm(hidden) if self.mtp_cfg.mtp_input == "post-norm" else hidden)
         for k, module in enumerate(self.mtp, 1):
             n = T - k
-            cos, sin, _ = rope
-            h = module(h[:, :n], x[:, k:], (cos[:n], sin[:n], None))
+            cos, sin = rope
+            h = module(h[:, :n], x[:, k:], (cos[:n], sin[:n]))
             extras.append(h)
         return hidden, extras
 
@@ -149,9 +149,9 @@ def parallel_backward(model: MTPModel, idx: torch.Tensor, targets: torch.Tensor,
     logits are alive at once. Calls .backward() itself; returns detached losses."""
     trunk, T = model.trunk, idx.shape[1]
     x = trunk.embed_tokens(idx)
-    rope = trunk.rope(T, idx.device, None, x.dtype)
-    cos, sin, _ = rope
-    shared = trunk.run_layers(x, 0, trunk.n_layers - 1, None, rope)
+    rope = trunk.rope(T, idx.device, x.dtype)
+    cos, sin = rope
+    shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
     shared_leaf = shared.detach().requires_grad_()
     heads = [trunk.layers[trunk.n_layers - 1], *model.mtp]
     weight = L.extra_weight(lam, len(model.mtp))
