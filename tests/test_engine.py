@@ -192,3 +192,16 @@ def test_compiled_sampling_preserves_the_distribution(tiny_runs):
     c1 = torch.bincount(torch.tensor([o[0] for o in plain]), minlength=V).double()
     c2 = torch.bincount(torch.tensor([o[1] for o in plain]), minlength=V).double()
     assert _chi_square_pvalue(c1, p1) > 1e-3 and _chi_square_pvalue(c2, p2) > 1e-3
+
+
+@pytest.mark.parametrize("flags", [["--no-compile"], pytest.param(["--compile"], marks=pytest.mark.slow)])
+def test_cli_generate_compile_switch(tiny_runs, capsys, flags):
+    """`mtp generate --compile/--no-compile`: the same text as the default, plain and speculative."""
+    from conftest import cli_in_process
+
+    base = ["generate", tiny_runs["sequential"], "--prompt", "def split(s):\n", "--max-new-tokens", "16"]
+    code, plain, _ = cli_in_process(*base, capsys=capsys)
+    assert code == 0
+    for extra in ([], ["--speculative"]):
+        code, out, err = cli_in_process(*base, *extra, *flags, capsys=capsys)
+        assert code == 0 and out == plain, err

@@ -7,7 +7,8 @@ Ragged prompts are right-padded for one prefill; each row then continues from it
 (the cache masks and overwrites its padding). Finished rows leave the batch once a quarter of it
 has finished (compacting the cache costs about one step, so it is not done for every row); until
 then they ride along, their tokens discarded and no random numbers drawn for them, so the output
-is the same as dropping each row the moment it finishes.
+is the same as dropping each row the moment it finishes. Compiled (`compile=True`), finished rows ride
+along to the end: one batch shape, so the compiled step never recompiles.
 """
 
 from __future__ import annotations
