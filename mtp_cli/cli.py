@@ -134,6 +134,8 @@ def eval_(
                                      "of a run: the 'before' row of continued pretraining."),
     recipe: Optional[str] = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
                                          "(default: quick)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
+                                                                                "(default: on CUDA only; on CPU it is no faster)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     from mtp_cli import paths
@@ -143,7 +145,8 @@ def eval_(
     if recipe is not None and hf is None:
         raise UserError("--recipe is for --hf (a run evaluates on its own recipe's data)")
     doc = run_eval(run, tasks, limit=limit, gsm8k_data=paths.gsm8k_data(gsm8k_data), samples=samples, temperature=temperature,
-                   text=text, json_path=json_path, truncate=truncate, gsm8k_fewshot=gsm8k_fewshot, hf=hf, recipe=recipe)
+                   text=text, json_path=json_path, truncate=truncate, gsm8k_fewshot=gsm8k_fewshot, hf=hf, recipe=recipe,
+                   compile=compile)
     ui.out.print(results_table(doc))
     ui.out.print(f"results written to {doc['json_path']}", markup=False)
 
@@ -160,13 +163,15 @@ def generate(
                                                                    "(greedy: the same text; sampling: the same distribution)."),
     draft_len: Optional[int] = typer.Option(None, help="Drafts per step with --speculative (default: one per module/head)."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
+                                                                                "(default: on CUDA only; on CPU it is no faster)."),
 ) -> None:
     """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
     from mtp_cli.decode.batching import complete
 
     _use_threads(threads)
     result = complete(run, prompt, max_new_tokens, temperature, top_p, seed, speculative=speculative,
-                      draft_len=draft_len)
+                      draft_len=draft_len, compile=compile)
     ui.out.print(prompt + result["text"], markup=False, highlight=False)
     ui.console.print(f"{result['tokens']} tokens in {result['seconds']:.2f} s", highlight=False)
     if speculative:
@@ -196,6 +201,8 @@ def specbench(
                                               "[default: $MTP_GSM8K_DATA, else the repository's data/gsm8k]."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads during the benchmark (1: fastest on busy cores)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
+                                                                                "(default: on CUDA only; on CPU it is no faster)."),
 ) -> None:
     """End-to-end latency: plain decoding vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers,
     with the share of the timed text that is a repetition loop."""
@@ -205,7 +212,7 @@ def specbench(
     report = run_specbench(run, prompts=prompts, limit=limit or None, max_new_tokens=max_new_tokens,
                            batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
                            draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads,
-                           temperatures=_float_list(temperatures, "--temperatures"), primary=primary)
+                           temperatures=_float_list(temperatures, "--temperatures"), primary=primary, compile=compile)
     ui.out.print(render_table(report))
     if report["no_mtp_reason"]:
         ui.out.print(f"no MTP row: {report['no_mtp_reason']}", markup=False)

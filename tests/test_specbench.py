@@ -24,7 +24,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci", "speedup", "speedup_ci", "latency_s", "ttft_s", "tpot_s",
         "identical_prompts", "mismatches")
 SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ideal_speedup",
-             "ideal_speedup_ci", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s")
+             "ideal_speedup_ci", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s", "t_prefill_s", "compile_s",
+             "t_verify_by_k_s", "verify_over_step_by_k")
 
 
 mtp = cli_in_process
@@ -61,6 +62,17 @@ def test_sequential_report(tiny_runs, tmp_path):
     params = report["params"]
     assert params["mtp_bytes"] == 4 * params["mtp"] and params["draft_bytes"] == 4 * params["draft_params"]
     assert cond["summary"]["1"]["mtp_lossless"] is True
+    for bs in ("1", "2"):  # the measured parts: verify for k = 1..max(3, draft length), no compile when eager
+        m, g = cond["results"][bs]["mtp"], cond["results"][bs]["greedy"]
+        assert list(m["t_verify_by_k_s"]) == ["1", "2", "3"] and all(t > 0 for t in m["t_verify_by_k_s"].values())
+        assert g["t_step_s"] > 0 and g["t_prefill_s"] > 0 and g["compile_s"] == m["compile_s"] == 0.0
+    assert report["environment"]["compile"] is False
+    from rich.console import Console
+    from mtp_cli.decode.bench import render_table
+    console = Console(width=250, record=True)
+    console.print(render_table(report))
+    text = " ".join(console.export_text().split())
+    assert "bs 2 ms: step" in text and "verify k=1..3" in text
 
 
 def test_parallel_report(tiny_runs, tmp_path):

@@ -10,8 +10,9 @@ from mtp_cli.checkpoint import load_run
 from mtp_cli.decode.generate import generate, prefill, probs_from_logits
 from mtp_cli.decode.speculative import (OracleDrafter, SpecStats, accept, make_drafter,
                                         speculative_generate)
+from mtp_cli.decode.engine import engine_for
 from mtp_cli.errors import UserError
-from mtp_cli.model.trunk import KVCache
+from mtp_cli.model.trunk import apply_rope
 
 TEXTS = ["def split(s, sep=None):\n    ", "import os\n", "class Template:\n    \"\"\"A string class for",
          "    return '\\n'.join(lines)\n\ndef dedent(text):\n    "]
@@ -81,23 +82,24 @@ def test_always_wrong_draft_is_still_exact(runs):
 
 def test_rollback_matches_cache_built_without_rejected_tokens(runs):
     trunk = runs["ntp"].model.trunk
+    engine = engine_for(trunk)
     prompts = encode(runs["ntp"])[:2]
-    cache, _, _ = prefill(trunk, prompts, 64)
+    cache, _, _, _ = prefill(engine, prompts, 64)
     lengths = cache.lengths.clone()
     drafted = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     keep = torch.tensor([1, 3])  # row 0 keeps 1 token, row 1 keeps 3
     with torch.no_grad():
-        trunk(drafted, cache)
+        engine.forward(drafted, cache)
         cache.rollback(lengths + keep)
-        trunk(torch.tensor([[1], [2]]), cache)
+        engine.forward(torch.tensor([[1], [2]]), cache)
         kept = [p + drafted[i, : keep[i]].tolist() for i, p in enumerate(prompts)]
-        fresh, _, _ = prefill(trunk, kept, 64)
-        trunk(torch.tensor([[1], [2]]), fresh)
+        fresh, _, _, _ = prefill(engine, kept, 64)
+        engine.forward(torch.tensor([[1], [2]]), fresh)
     assert torch.equal(cache.lengths, fresh.lengths)
     for i, n in enumerate(fresh.lengths.tolist()):
         for layer in range(trunk.n_layers):
-            torch.testing.assert_close(cache.k[layer][i, :n], fresh.k[layer][i, :n], rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(cache.v[layer][i, :n], fresh.v[layer][i, :n], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cache.k[layer][i, :, :n], fresh.k[layer][i, :, :n], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cache.v[layer][i, :, :n], fresh.v[layer][i, :, :n], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("objective,k", [("sequential", 2), ("parallel", 2)])
@@ -107,17 +109,14 @@ def test_first_drafts_match_training_alignment(runs, objective, k):
     prompt = encode(runs[objective])[0]
     L = len(prompt)
     drafter = make_drafter(model, k, 1, 64)
-    try:
-        with torch.no_grad():
-            cache, logits, hidden = prefill(model.trunk, [prompt], 64)
-            pending = int(logits.argmax(-1))
-            seq = torch.zeros(1, 64, dtype=torch.long)
-            seq[0, : L + 1] = torch.tensor(prompt + [pending])
-            drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden)
-            drafts, _ = drafter.propose(seq, cache.lengths.clone(), 0.0, 1.0, None)
-            ref = model.all_logits(torch.tensor([prompt + [pending] + drafts[0].tolist()]))
-    finally:
-        drafter.close()
+    with torch.no_grad():
+        cache, logits, hidden, shared = prefill(engine_for(model.trunk, model), [prompt], 64)
+        pending = int(logits.argmax(-1))
+        seq = torch.zeros(1, 64, dtype=torch.long)
+        seq[0, : L + 1] = torch.tensor(prompt + [pending])
+        drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)
+        drafts, _ = drafter.propose(seq, cache.lengths.clone(), 0.0, 1.0, None)
+        ref = model.all_logits(torch.tensor([prompt + [pending] + drafts[0].tolist()]))
     for d in range(k):
         assert int(drafts[0, d]) == int(ref[d + 1][0, L - 1].argmax())
 
@@ -134,14 +133,21 @@ def test_sequential_module_caches_hold_training_states(runs):
     idx = torch.tensor([prompt + out])
     with torch.no_grad():
         x = trunk.embed_tokens(idx)
-        rope = trunk.rope(idx.shape[1], idx.device, None, x.dtype)
-        h = trunk.norm(trunk.run_layers(x, 0, trunk.n_layers, None, rope))
+        rope = trunk.rope(idx.shape[1], idx.device, x.dtype)
+        h = trunk.norm(trunk.run_layers(x, 0, trunk.n_layers, rope))
         for d, module in enumerate(model.mtp, 1):
             n = idx.shape[1] - d
-            ref = KVCache(1, 1, 128, cfg.kv_heads, cfg.head_dim)
-            h = module(h[:, :n], x[:, d:], (rope[0][:n], rope[1][:n], torch.arange(n)[None]), ref)
-            torch.testing.assert_close(drafter.caches[d - 1].k[0][0, :exact], ref.k[0][0, :exact], rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(drafter.caches[d - 1].v[0][0, :exact], ref.v[0][0, :exact], rtol=1e-4, atol=1e-4)
+            cos, sin = rope[0][:n], rope[1][:n]
+            block_in = module.eh_proj(torch.cat([module.enorm(x[:, d:]), module.hnorm(h[:, :n])], -1))
+            attn = module.block.self_attn
+            normed = module.block.input_layernorm(block_in)
+            ref_k = apply_rope(attn.k_proj(normed).view(1, n, cfg.kv_heads, cfg.head_dim), cos, sin)
+            ref_v = attn.v_proj(normed).view(1, n, cfg.kv_heads, cfg.head_dim)
+            h = module(h[:, :n], x[:, d:], (cos, sin))
+            got_k = drafter.caches[d - 1].k[0][0, :, :exact].transpose(0, 1)
+            got_v = drafter.caches[d - 1].v[0][0, :, :exact].transpose(0, 1)
+            torch.testing.assert_close(got_k, ref_k[0, :exact], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got_v, ref_v[0, :exact], rtol=1e-4, atol=1e-4)
     assert exact >= len(prompt) + len(out) - 6  # the last propose ran at most k+1 tokens before the end
 
 
@@ -218,17 +224,14 @@ def test_distribution_test_has_power(runs):
     temperature, n = 0.8, 4000
     _, p2 = _first_two_token_law(model.trunk, prompt, temperature)
     drafter = make_drafter(model, 1, n, 64)
-    try:
-        with torch.no_grad():
-            cache, logits, hidden = prefill(model.trunk, [prompt] * n, 64)
-            g = torch.Generator().manual_seed(0)
-            first = torch.multinomial(probs_from_logits(logits, temperature), 1, generator=g).squeeze(-1)
-            seq = torch.zeros(n, 64, dtype=torch.long)
-            seq[:, : len(prompt)] = torch.tensor(prompt)
-            seq[:, len(prompt)] = first
-            drafter.commit(torch.zeros(n, dtype=torch.long), cache.lengths.clone(), hidden)
-            drafts, _ = drafter.propose(seq, cache.lengths.clone(), temperature, 1.0, g)
-    finally:
-        drafter.close()
+    with torch.no_grad():
+        cache, logits, hidden, shared = prefill(engine_for(model.trunk, model), [prompt] * n, 64)
+        g = torch.Generator().manual_seed(0)
+        first = torch.multinomial(probs_from_logits(logits, temperature), 1, generator=g).squeeze(-1)
+        seq = torch.zeros(n, 64, dtype=torch.long)
+        seq[:, : len(prompt)] = torch.tensor(prompt)
+        seq[:, len(prompt)] = first
+        drafter.commit(torch.zeros(n, dtype=torch.long), cache.lengths.clone(), hidden, shared)
+        drafts, _ = drafter.propose(seq, cache.lengths.clone(), temperature, 1.0, g)
     c2 = torch.bincount(drafts[:, 0], minlength=p2.shape[0]).double()
     assert _chi_square_pvalue(c2, p2) < 1e-6

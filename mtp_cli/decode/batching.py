@@ -24,8 +24,10 @@ def encode(tokenizer, text: str) -> list[int]:
 @torch.no_grad()
 def generate_ids(trunk, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, stops: Sequence[str] = (), generator: torch.Generator | None = None,
-                 batch_size: int = BATCH_SIZE, progress=None, description: str = "generate") -> list[list[int]]:
-    """New token ids per prompt (EOS included when reached), stopping at any of `stops`."""
+                 batch_size: int = BATCH_SIZE, progress=None, description: str = "generate",
+                 compile: bool | None = None) -> list[list[int]]:
+    """New token ids per prompt (EOS included when reached), stopping at any of `stops`. `compile`:
+    `generate`'s (None: the device's default)."""
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     eos = tokenizer.eos_token_id
     stop = stop_on_strings(tokenizer, list(stops), eos)
@@ -34,7 +36,7 @@ def generate_ids(trunk, tokenizer, prompts: Sequence[Sequence[int]], max_new_tok
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         ids = generate(trunk, [prompts[i] for i in chunk], max_new_tokens, temperature=temperature, top_p=top_p,
-                       stop=stop, eos_id=eos, generator=generator)
+                       stop=stop, eos_id=eos, generator=generator, compile=compile)
         for i, completion in zip(chunk, ids):
             out[i] = completion
         if progress is not None:
@@ -49,7 +51,8 @@ def generate_texts(trunk, tokenizer, prompts: Sequence[str], max_new_tokens: int
 
 
 def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-             seed: int = 0, speculative: bool = False, draft_len: int | None = None) -> dict:
+             seed: int = 0, speculative: bool = False, draft_len: int | None = None,
+             compile: bool | None = None) -> dict:
     """`mtp generate`: one completion from a run's trunk. {'text', 'tokens', 'seconds'}, plus the drafting
     counters under 'speculative' when the run's MTP modules draft (greedy: the same text)."""
     import time
@@ -74,10 +77,11 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
 
         stats = SpecStats(draft_len_for(run.model, draft_len))
         (out,) = speculative_generate(run.model, [ids], max_new_tokens, draft_len=stats.k, temperature=temperature,
-                                      top_p=top_p, eos_id=run.tokenizer.eos_token_id, generator=generator, stats=stats)
+                                      top_p=top_p, eos_id=run.tokenizer.eos_token_id, generator=generator, stats=stats,
+                                      compile=compile)
     else:
         (out,) = generate_ids(run.model.trunk, run.tokenizer, [ids], max_new_tokens, temperature=temperature,
-                              top_p=top_p, generator=generator)
+                              top_p=top_p, generator=generator, compile=compile)
     seconds = time.perf_counter() - t0
     result = {"text": run.tokenizer.decode(out, skip_special_tokens=True), "tokens": len(out), "seconds": seconds}
     if speculative:

@@ -41,7 +41,8 @@ from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
-from mtp_cli.decode.timing import PhaseTimer
+from mtp_cli.decode.engine import default_compile, engine_for
+from mtp_cli.decode.timing import PhaseTimer, forward_costs
 from mtp_cli.errors import UserError
 
 JSON_NAME = "specbench.json"
@@ -77,32 +78,15 @@ class Tally:
 Runner = Callable[[list[list[int]], Tally], tuple[list[list[int]], float]]  # batch -> (outputs, TTFT)
 
 
-class TimedTrunk:
-    """The trunk as `generate` sees it, its prefill and per-token forwards timed."""
-
-    def __init__(self, trunk, timer: PhaseTimer):
-        self._trunk, self._timer = trunk, timer
-
-    def __getattr__(self, name):
-        return getattr(self._trunk, name)
-
-    def __call__(self, *args, **kwargs):
-        with self._timer("step"):
-            return self._trunk(*args, **kwargs)
-
-    def forward_hidden(self, *args, **kwargs):
-        with self._timer("prefill"):
-            return self._trunk.forward_hidden(*args, **kwargs)
-
-
 def run_specbench(run_dir, prompts: str | Sequence[str] = "humaneval", limit: int | None = 20,
                   max_new_tokens: int = 128, batch_sizes: Sequence[int] = (1,), repeats: int = 5,
                   draft_len: int | None = None, draft_run=None, json_path=None, show_progress: bool = True,
                   gsm8k_data=None, threads: int | None = None, temperatures: Sequence[float] = (0.0,),
-                  primary: str | None = None) -> dict:
+                  primary: str | None = None, compile: bool | None = None) -> dict:
     """Benchmark one run on every prompt source (comma-separated or a list) × temperature; writes the
     report to `json_path` (default `<run>/specbench.json`) and returns it. `primary` names the headline
-    condition (default: the first). `threads` sets torch's intra-op threads (default: as they are)."""
+    condition (default: the first). `threads` sets torch's intra-op threads (default: as they are); `compile` our decoders'
+    torch.compile switch (None: the device's default)."""
     batch_sizes = _check_args(limit, max_new_tokens, batch_sizes, repeats)
     conditions, primary = plan_conditions(prompts, temperatures, primary)
     if threads is not None and threads < 1:
@@ -111,14 +95,15 @@ def run_specbench(run_dir, prompts: str | Sequence[str] = "humaneval", limit: in
     torch.set_num_threads(threads or saved)
     try:
         return _specbench(run_dir, conditions, primary, limit, max_new_tokens, batch_sizes, repeats, draft_len,
-                          draft_run, json_path, show_progress, gsm8k_data)
+                          draft_run, json_path, show_progress, gsm8k_data, compile)
     finally:
         torch.set_num_threads(saved)
 
 
 def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_new_tokens, batch_sizes, repeats,
-               draft_len, draft_run, json_path, show_progress, gsm8k_data) -> dict:
+               draft_len, draft_run, json_path, show_progress, gsm8k_data, compile) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    compile = default_compile(device) if compile is None else compile
     run = load_run(run_dir, device)
     prompt_sets: dict[str, tuple[list[list[int]], dict]] = {}
     for source in dict.fromkeys(c.source for c in conditions):  # all inputs are checked before anything is timed
@@ -128,9 +113,10 @@ def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_ne
     k = draft_len_for(model, draft_len) if model.n_extra else None
     hf = _hf_model(run)
     hf_draft = _hf_model(draft) if draft is not None else None
-    plans = [(c, *_runners(c, run, hf, hf_draft, max_new_tokens, k)) for c in conditions]
+    plans = [(c, *_runners(c, run, hf, hf_draft, max_new_tokens, k, compile)) for c in conditions]
 
     report = _header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
+    report["environment"]["compile"] = compile
     n_tasks = sum(len(_applicable(runners, bs)) * (repeats + 1) for _, runners, _ in plans for bs in batch_sizes)
     with ui.progress(transient=True, disable=not show_progress) as bar:
         task = bar.add_task("specbench", total=n_tasks, info="")
@@ -144,6 +130,7 @@ def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_ne
                 tallies = _measure(active, ids, bs, repeats, device,
                                    lambda m: bar.update(task, advance=1, info=f"{condition.name} bs {bs} {m}"))
                 entry["results"][str(bs)] = _summarise(tallies, model, ids, condition, run.tokenizer, bs)
+                _add_forward_costs(entry["results"][str(bs)], model, ids[:bs], k, compile, condition.baseline)
                 entry["summary"][str(bs)] = _headline(entry["results"][str(bs)], condition.baseline)
                 if bs == batch_sizes[0]:  # the reference text: our plain decoder, smallest batch size
                     entry["text"] = text_stats(tallies[condition.baseline][0].outputs, run.tokenizer)
@@ -207,12 +194,13 @@ def _applicable(runners: dict, bs: int) -> dict:
 
 
 # ---- the methods ----------------------------------------------------------------------------------
-def _runners(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None) -> tuple[dict, dict]:
+def _runners(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
+             compile: bool) -> tuple[dict, dict]:
     """The methods measured in one condition, and {method: why not} for the peers left out."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
-    runners = {condition.baseline: _ours_plain(model, max_new_tokens, eos, t)}
+    runners = {condition.baseline: _ours_plain(model, max_new_tokens, eos, compile, t)}
     if k:
-        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, t)
+        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, compile, t)
     runners["hf_generate"] = _hf_runner(hf, tokenizer, max_new_tokens, {}, t)
     peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     if hf_draft is not None:
@@ -227,23 +215,23 @@ def _generator(device, temperature: float, first_prompt: int) -> torch.Generator
     return torch.Generator(device).manual_seed(SAMPLE_SEED + first_prompt) if temperature > 0 else None
 
 
-def _ours_plain(model, max_new_tokens: int, eos: int, temperature: float = 0.0) -> Runner:
+def _ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature: float = 0.0) -> Runner:
     def run(batch, tally):
         before = tally.timer.total["prefill"]
         gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
-        out = generate(TimedTrunk(model.trunk, tally.timer), batch, max_new_tokens, temperature=temperature,
-                       eos_id=eos, generator=gen)
+        out = generate(model.trunk, batch, max_new_tokens, temperature=temperature, eos_id=eos, generator=gen,
+                       compile=compile, timer=tally.timer)
         return out, tally.timer.total["prefill"] - before
     return run
 
 
-def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, temperature: float = 0.0) -> Runner:
+def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0) -> Runner:
     def run(batch, tally):
         tally.stats, stats = tally.stats or SpecStats(k), SpecStats(k)
         before = tally.timer.total["prefill"]
         gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
         out = speculative_generate(model, batch, max_new_tokens, draft_len=k, temperature=temperature, eos_id=eos,
-                                   generator=gen, stats=stats, timer=tally.timer)
+                                   generator=gen, stats=stats, timer=tally.timer, compile=compile)
         tally.stats.merge(stats)
         tally.per_batch.append(stats)
         return out, tally.timer.total["prefill"] - before
@@ -369,6 +357,8 @@ def _summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], con
             e.update(_lossless(model, ids, reference, runs[0].outputs))
         stats = text_stats(runs[0].outputs, tokenizer)
         e.update(degenerate_share=stats["degenerate_share"], whitespace_share=stats["whitespace_share"])
+        if name in (condition.baseline, "mtp"):
+            e["t_prefill_s"] = median_ci([t.timer.mean("prefill") for t in runs])[0]
         if name == condition.baseline:
             e["t_step_s"] = median_ci([t.timer.mean("step") for t in runs])[0]
         if name == "mtp":
@@ -419,6 +409,28 @@ def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
     e["t_draft0_s"] = median_ci([t.timer.mean("draft0") for t in runs])[0]
     _put(e, "speedup_over_ideal", [t.tokens_per_s / b.tokens_per_s / i for t, b, i in zip(runs, base, ideal)])
     return e
+
+
+VERIFY_WIDTHS_UP_TO = 3  # t_verify is measured for k = 1..max(3, the draft length)
+
+
+def _add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | None, compile: bool,
+                       baseline: str = "greedy") -> None:
+    """Beside the end-to-end phase means: the one-time compile cost of our decoders (`compile_s`, in
+    their warm-up), and the trunk forward at fixed widths on these prompts (`t_forward_by_width_s`:
+    width 1 is the plain step, width k+1 verifies k drafts; `t_verify_by_k_s` and its ratio to the
+    step for k = 1..max(3, k))."""
+    greedy_engine = engine_for(model.trunk, compile=compile)
+    results[baseline]["compile_s"] = greedy_engine.compile_s
+    if "mtp" not in results:
+        return
+    engine = engine_for(model.trunk, model, compile=compile)
+    results["mtp"]["compile_s"] = engine.compile_s
+    ks = range(1, max(VERIFY_WIDTHS_UP_TO, k) + 1)
+    costs = forward_costs(engine, prompts, [1, *(j + 1 for j in ks)])
+    results["mtp"]["t_forward_step_s"] = costs[1]
+    results["mtp"]["t_verify_by_k_s"] = {str(j): costs[j + 1] for j in ks}
+    results["mtp"]["verify_over_step_by_k"] = {str(j): costs[j + 1] / costs[1] for j in ks}
 
 
 def _lossless(model, ids, reference: list[list[int]], outputs: list[list[int]]) -> dict:
@@ -529,16 +541,33 @@ def _condition_table(report: dict, condition: dict):
                 _fmt(e.get("ideal_speedup"), "{:.2f}"), acc, _fmt(e.get("degenerate_share"), "{:.0%}"),
                 _fmt(e.get("mean_acceptance_length"), "{:.2f}"), f"{e['ttft_s'] * 1e3:.1f}", f"{e['tpot_s'] * 1e3:.2f}",
                 exact])
+    parts = _parts_notes(condition)
     caption = (f"text timed ({condition['baseline']}, batch size {report['batch_sizes'][0]}): "
                f"{_fmt(text.get('degenerate_share'), '{:.0%}')} of tokens in repetition loops, "
                f"{_fmt(text.get('whitespace_share'), '{:.0%}')} of outputs blank")
     return Table(f"specbench {report['run']} {condition['name']}{primary}: {p['source']} x{p['count']}, "
                  f"T={condition['temperature']:g}, {report['max_new_tokens']} new tokens, median of {report['repeats']}",
                  ["batch size", "method", "tokens/s", "speedup [95%]", "ideal speedup", "acceptance [95%]",
-                  "degenerate", "MAL", "TTFT ms", "TPOT ms", "identical to greedy"], rows, [caption],
+                  "degenerate", "MAL", "TTFT ms", "TPOT ms", "identical to greedy"], rows, [caption, *parts],
                  short={"batch size": "bs", "tokens/s": "tok/s", "ideal speedup": "ideal", "acceptance [95%]": "acc",
                         "degenerate": "degen", "identical to greedy": "exact"})
 
 
-def _fmt(value, fmt: str) -> str:
-    return "" if value is None else fmt.format(value)
+def _parts_notes(condition: dict) -> list[str]:
+    """The measured parts of our decoders per batch size, in ms (compile in s)."""
+    notes = []
+    for bs, methods in condition["results"].items():
+        g, m = methods.get(condition["baseline"], {}), methods.get("mtp")
+        parts = [f"step {_fmt(g.get('t_step_s'), '{:.2f}', 1e3)}", f"prefill {_fmt(g.get('t_prefill_s'), '{:.1f}', 1e3)}"]
+        if m:
+            verify = "/".join(_fmt(v, "{:.2f}", 1e3) for v in m.get("t_verify_by_k_s", {}).values())
+            parts += [f"verify k=1..{len(m.get('t_verify_by_k_s', {}))} {verify}",
+                      f"draft {_fmt(m.get('t_draft_s'), '{:.2f}', 1e3)}"]
+        compiled = sum(e.get("compile_s") or 0.0 for e in methods.values())
+        parts.append(f"compile {compiled:.1f} s")
+        notes.append(f"bs {bs} ms: " + ", ".join(parts))
+    return notes
+
+
+def _fmt(value, fmt: str, scale: float = 1.0) -> str:
+    return "" if value is None else fmt.format(value * scale)

@@ -1,12 +1,14 @@
-"""Plain autoregressive decoding of the trunk with a KV cache: batched, ragged prompts, greedy or
-sampled (temperature / top-p), stop sequences. The engine `mtp generate` and the evals use, and
-the baseline speculative decoding must reproduce token for token.
+"""Plain autoregressive decoding of the trunk on the decode engine (`engine.py`, static KV cache):
+batched, ragged prompts, greedy or sampled (temperature / top-p), stop sequences. The decoder
+`mtp generate` and the evals use, and the baseline speculative decoding must reproduce token for
+token.
 
 Ragged prompts are right-padded for one prefill; each row then continues from its own length
 (the cache masks and overwrites its padding). Finished rows leave the batch once a quarter of it
 has finished (compacting the cache costs about one step, so it is not done for every row); until
 then they ride along, their tokens discarded and no random numbers drawn for them, so the output
-is the same as dropping each row the moment it finishes.
+is the same as dropping each row the moment it finishes. Compiled (`compile=True`), finished rows ride
+along to the end: one batch shape, so the compiled step never recompiles.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from mtp_cli.decode.engine import Engine, engine_for
+from mtp_cli.decode.timing import NO_TIMER
 from mtp_cli.model.trunk import Trunk
 
 StopFn = Callable[[int, list[int]], bool]  # (row index, generated ids so far) -> stop?
@@ -60,9 +64,10 @@ def stop_on_strings(tokenizer, stops: Sequence[str], eos_id: int | None = None) 
     return fn
 
 
-def prefill(trunk: Trunk, prompts: Sequence[Sequence[int]], cache_len: int, pad_id: int = 0):
-    """Run all prompts through the trunk at once; returns (cache, last-position logits (B, V), hidden (B, L, d))."""
-    device = trunk.embed_tokens.weight.device
+def prefill(engine: Engine, prompts: Sequence[Sequence[int]], capacity: int, pad_id: int = 0):
+    """Run all prompts through the trunk at once (eager). Returns (cache, last-position logits (B, V),
+    hidden (B, L, d), the last layer's input (B, L, d))."""
+    device = engine.device
     lengths = torch.tensor([len(p) for p in prompts], device=device)
     if int(lengths.min()) < 1:
         raise ValueError("every prompt needs at least one token")
@@ -70,31 +75,47 @@ def prefill(trunk: Trunk, prompts: Sequence[Sequence[int]], cache_len: int, pad_
     idx = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
     for i, p in enumerate(prompts):
         idx[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-    cache = trunk.new_cache(len(prompts), cache_len)
-    hidden = trunk.forward_hidden(idx, cache)
+    cache = engine.new_cache(len(prompts), capacity)
+    hidden, shared = engine.forward(idx, cache, static=False)
     cache.rollback(lengths)
     last = hidden[torch.arange(len(prompts), device=device), lengths - 1]
-    return cache, trunk.head(last), hidden
+    return cache, engine.head(last), hidden, shared
+
+
+def cache_capacity(engine: Engine, needed: int) -> int:
+    """Eager: exactly what the call needs. Compiled: the model's context (or more when needed), so
+    every call of that batch size reuses one compiled shape."""
+    return max(needed, engine.cfg.context) if engine.compiled else needed
 
 
 @torch.no_grad()
 def generate(trunk: Trunk, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 1.0, stop: StopFn | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None) -> list[list[int]]:
-    """Completions (new token ids only) for each prompt. Stops a row at EOS, at `stop`, or at the limit."""
+             generator: torch.Generator | None = None, compile: bool | None = None, timer=None) -> list[list[int]]:
+    """Completions (new token ids only) for each prompt. Stops a row at EOS, at `stop`, or at the limit.
+    `compile` runs the 1-token step compiled (None: the device's default); `timer` times the phases
+    prefill / step."""
     if not prompts:
         return []
-    cache_len = max(len(p) for p in prompts) + max_new_tokens + 1
-    cache, logits, _ = prefill(trunk, prompts, cache_len, pad_id=eos_id or 0)
+    engine, timer = engine_for(trunk, compile=compile), timer or NO_TIMER
+    needed = max(len(p) for p in prompts) + max_new_tokens + 1
+    with timer("prefill"):
+        cache, logits, _, _ = prefill(engine, prompts, cache_capacity(engine, needed), pad_id=eos_id or 0)
     outputs: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))  # original row index of each batch row
     live = list(range(len(prompts)))  # batch rows still generating
+    compact_at = 0.0 if engine.compiled else COMPACT_AT  # compiled: one batch shape, no recompilation
     for step in range(max_new_tokens):
-        tokens = torch.full((len(active),), eos_id or 0, dtype=torch.long, device=logits.device)
-        live_rows = torch.tensor(live, device=logits.device)
-        tokens[live_rows] = next_token(logits[live_rows], temperature, top_p, generator)
+        if len(live) == len(active):
+            tokens = next_token(logits, temperature, top_p, generator)
+            picked = tokens.tolist()
+        else:
+            tokens = torch.full((len(active),), eos_id or 0, dtype=torch.long, device=logits.device)
+            live_rows = torch.tensor(live, device=logits.device)
+            tokens[live_rows] = next_token(logits[live_rows], temperature, top_p, generator)
+            picked = tokens[live_rows].tolist()
         still = []
-        for row, tok in zip(live, tokens[live_rows].tolist()):
+        for row, tok in zip(live, picked):
             i = active[row]
             outputs[i].append(tok)
             done = (eos_id is not None and tok == eos_id) or (stop is not None and stop(i, outputs[i]))
@@ -103,11 +124,13 @@ def generate(trunk: Trunk, prompts: Sequence[Sequence[int]], max_new_tokens: int
         live = still
         if not live or step + 1 >= max_new_tokens:
             break
-        if len(live) <= COMPACT_AT * len(active):
+        if len(live) <= compact_at * len(active):
             rows = torch.tensor(live, device=tokens.device)
             cache.select(rows)
             tokens = tokens[rows]
             active = [active[r] for r in live]
             live = list(range(len(active)))
-        logits = trunk(tokens[:, None], cache)[:, -1]
+        with timer("step"):
+            hidden, _ = engine.forward(tokens[:, None], cache)
+            logits = engine.head(hidden[:, -1])
     return outputs

@@ -11,7 +11,7 @@ drafts in one forward (`accept` is the one place the acceptance rule lives):
 
 Bookkeeping per row: the trunk's KV cache holds positions 0..c-1 and `seq[c]` is the pending token
 (committed, not yet fed to the trunk); positions after c in `seq` are scratch for drafts. Rejected
-drafts are undone by rolling the trunk's cache back (`KVCache.rollback`; module caches are written
+drafts are undone by rolling the trunk's cache back (`StaticKVCache.rollback`; module caches are written
 at explicit positions and simply overwritten); rows accept different numbers of drafts (ragged)
 and leave the batch when they finish.
 
@@ -24,6 +24,8 @@ Drafters:
   for the missing deeper state (as vLLM/EAGLE reuse one MTP layer).
 - `ParallelDrafter` (Meta heads): heads 2..n read the input of the trunk's last layer, each with its
   own KV cache, and draft t+2..t+n from the same position.
+All forwards run on the decode engine (`engine.py`): the trunk's verification at fixed width k+1
+(compiled with `compile=True`), the modules eager.
 - `OracleDrafter`: drafts from known continuations (the trunk's own greedy output: acceptance 1), or
   drafts that are always wrong; both for tests.
 
@@ -41,10 +43,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mtp_cli.decode.generate import StopFn, next_token, prefill, probs_from_logits
+from mtp_cli.decode.engine import Engine, engine_for
+from mtp_cli.decode.generate import StopFn, cache_capacity, next_token, prefill, probs_from_logits
 from mtp_cli.decode.timing import NO_TIMER
 from mtp_cli.errors import UserError
-from mtp_cli.model.trunk import KVCache
 
 
 @dataclass
@@ -123,9 +125,9 @@ class Drafter(ABC):
 
     k: int
 
-    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor) -> None:
-        """The trunk ran positions start[b].. (hidden (B, W, d), before its final norm); the first
-        n_new[b] of them are committed."""
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
+        """The trunk ran positions start[b].. (hidden (B, W, d) before its final norm, shared (B, W, d)
+        the input of its last layer); the first n_new[b] of them are committed."""
 
     @abstractmethod
     def propose(self, seq: Tensor, lengths: Tensor, temperature: float, top_p: float,
@@ -135,42 +137,32 @@ class Drafter(ABC):
     def select(self, rows: Tensor) -> None:
         """Keep only these batch rows."""
 
-    def close(self) -> None:
-        """Release hooks on the model."""
-
 
 class _ModuleDrafter(Drafter):
-    """Shared by the MTP drafters: a buffer of trunk states per position, one KV cache per module,
-    and `exact`, the position below which every module cache holds exact (committed-input) states."""
+    """Shared by the MTP drafters: a buffer of trunk states per position, one static KV cache per
+    module (written and masked at explicit positions, so nothing needs rolling back: stale slots
+    beyond a query's position are masked and later overwritten), and `exact`, the position below
+    which every module cache holds exact (committed-input) states."""
 
-    def __init__(self, model, k: int, n_modules: int, batch: int, capacity: int):
-        self.model, self.trunk, self.k = model, model.trunk, k
-        w, cfg = model.trunk.embed_tokens.weight, model.cfg
+    def __init__(self, engine: Engine, k: int, n_modules: int, batch: int, capacity: int):
+        self.engine, self.k = engine, k
         self.capacity = capacity
-        self.states = torch.zeros(batch, capacity, cfg.d_model, device=w.device, dtype=w.dtype)
-        self.caches = [KVCache(1, batch, capacity, cfg.kv_heads, cfg.head_dim, w.device, w.dtype)
-                       for _ in range(n_modules)]
-        self.exact = torch.zeros(batch, dtype=torch.long, device=w.device)
-        self.steps = torch.arange(capacity, device=w.device)
+        self.states = torch.zeros(batch, capacity, engine.cfg.d_model, device=engine.device, dtype=engine.dtype)
+        self.caches = [engine.new_cache(batch, capacity, n_layers=1) for _ in range(n_modules)]
+        self.exact = torch.zeros(batch, dtype=torch.long, device=engine.device)
+        self.steps = torch.arange(capacity, device=engine.device)
 
     def _store(self, start: Tensor, states: Tensor) -> None:
         pos = (start[:, None] + self.steps[: states.shape[1]]).clamp_(max=self.capacity - 1)
         self.states[torch.arange(len(start), device=start.device)[:, None], pos] = states
 
-    def _window(self, lengths: Tensor) -> tuple[Tensor, Tensor, tuple]:
+    def _window(self, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Each row's positions exact..c-1, left-aligned and padded to the widest row: (trunk states
-        there (B, W, d), index of each row's last real position (B,), rope for those positions)."""
+        there (B, W, d), index of each row's last real position (B,), the positions (B, W))."""
         width = lengths - self.exact
         pos = (self.exact[:, None] + self.steps[: int(width.max())]).clamp_(max=self.capacity - 1)
         rows = torch.arange(len(lengths), device=lengths.device)[:, None]
-        return self.states[rows, pos], width - 1, self._rope(pos)
-
-    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(cos, sin, positions) for a module: its cache is written and masked at these explicit
-        positions (its `lengths` are not used), so nothing needs rolling back — stale slots beyond a
-        query's position are masked and later overwritten."""
-        cos, sin = self.trunk.rotary(positions, self.states.dtype)
-        return cos, sin, positions
+        return self.states[rows, pos], width - 1, pos
 
     def select(self, rows: Tensor) -> None:
         self.states, self.exact = self.states[rows], self.exact[rows]
@@ -182,37 +174,38 @@ class SequentialDrafter(_ModuleDrafter):
     """DeepSeek-V3 modules: chain depths 1..min(k, D) at the pending token's position, then reuse
     module D one position to the right for drafts beyond D."""
 
-    def __init__(self, model, k: int, batch: int, capacity: int):
+    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int):
         self.depth = min(k, model.n_extra)
-        super().__init__(model, k, self.depth, batch, capacity)
+        super().__init__(engine, k, self.depth, batch, capacity)
         self.post_norm = model.mtp_cfg.mtp_input == "post-norm"
 
-    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor) -> None:
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
         self._store(start, hidden)
 
-    def _module(self, d: int, h_prev: Tensor, tokens: Tensor, rope: tuple) -> Tensor:
-        return self.model.mtp[d - 1](h_prev, self.trunk.embed_tokens(tokens), rope, self.caches[d - 1])
+    def _draft(self, d: int, h: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
+        return _pick(self.engine.head(h, self.engine.sequential[d - 1].out_norm), temperature, top_p, generator)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
+        engine = self.engine
         rows = torch.arange(len(lengths), device=lengths.device)
-        h, last, rope = self._window(lengths)
-        h = self.trunk.norm(h) if self.post_norm else h
+        h, last, positions = self._window(lengths)
+        h = engine.head_norm(h) if self.post_norm else h
         drafts, probs = [], []
         for d in range(1, self.depth + 1):
             # x_{j+d} for window position j; after the pending token these are earlier drafts
-            tokens = seq.gather(1, (rope[2] + d).clamp_(max=seq.shape[1] - 1))
-            h = self._module(d, h, tokens, rope)
-            tok, q = _pick(self.model.extra_logits(d, h[rows, last]), temperature, top_p, generator)
+            tokens = seq.gather(1, (positions + d).clamp_(max=seq.shape[1] - 1))
+            h = engine.sequential_module(d, h, tokens, positions, self.caches[d - 1])
+            tok, q = self._draft(d, h[rows, last], temperature, top_p, generator)
             seq[rows, lengths + d] = tok
             drafts.append(tok)
             probs.append(q)
         h = h[rows, last][:, None]
         for i in range(self.depth + 1, self.k + 1):
             if self.depth == 1 and self.post_norm:  # module 1 was trained on a post-final-norm state
-                h = self.model.mtp[0].shared_head.norm(h)
-            rope = self._rope((lengths + (i - self.depth - 1))[:, None])
-            h = self._module(self.depth, h, drafts[-1][:, None], rope)
-            tok, q = _pick(self.model.extra_logits(self.depth, h[:, -1]), temperature, top_p, generator)
+                h = engine.head_norm(h, engine.sequential[0].out_norm)
+            positions = (lengths + (i - self.depth - 1))[:, None]
+            h = engine.sequential_module(self.depth, h, drafts[-1][:, None], positions, self.caches[self.depth - 1])
+            tok, q = self._draft(self.depth, h[:, -1], temperature, top_p, generator)
             drafts.append(tok)
             probs.append(q)
         self.exact = (lengths - self.depth + 1).clamp_(min=0)  # depth d at j read x_{j+d}: committed iff j+d <= c
@@ -220,34 +213,26 @@ class SequentialDrafter(_ModuleDrafter):
 
 
 class ParallelDrafter(_ModuleDrafter):
-    """Meta heads 2..k+1 on the shared state (the input of the trunk's last layer), captured by a
-    forward pre-hook while the trunk verifies."""
+    """Meta heads 2..k+1 on the shared state (the input of the trunk's last layer, which the engine's
+    trunk forward returns beside its output)."""
 
-    def __init__(self, model, k: int, batch: int, capacity: int):
-        super().__init__(model, k, k, batch, capacity)
-        self._shared: Tensor | None = None
-        self._hook = model.trunk.layers[-1].register_forward_pre_hook(self._capture)
+    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int):
+        super().__init__(engine, k, k, batch, capacity)
 
-    def _capture(self, _module, args) -> None:
-        self._shared = args[0]
-
-    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor) -> None:
-        self._store(start, self._shared)
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
+        self._store(start, shared)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
         rows = torch.arange(len(lengths), device=lengths.device)
-        shared, last, (cos, sin, positions) = self._window(lengths)
+        shared, last, positions = self._window(lengths)
         drafts, probs = [], []
         for j in range(self.k):
-            h = self.model.mtp[j](shared, cos, sin, self.caches[j], 0, positions)
-            tok, q = _pick(self.trunk.head(h[rows, last]), temperature, top_p, generator)
+            h = self.engine.parallel_head(j, shared, positions, self.caches[j])
+            tok, q = _pick(self.engine.head(h[rows, last]), temperature, top_p, generator)
             drafts.append(tok)
             probs.append(q)
         self.exact = lengths.clone()
         return torch.stack(drafts, 1), (torch.stack(probs, 1) if temperature > 0 else None)
-
-    def close(self) -> None:
-        self._hook.remove()
 
 
 class OracleDrafter(Drafter):
@@ -291,80 +276,86 @@ def draft_len_for(model, draft_len: int | None = None) -> int:
     return k
 
 
-def make_drafter(model, draft_len: int | None, batch: int, capacity: int) -> Drafter:
+def make_drafter(model, draft_len: int | None, batch: int, capacity: int, compile: bool | None = False) -> Drafter:
     k = draft_len_for(model, draft_len)
     cls = ParallelDrafter if model.objective == "parallel" else SequentialDrafter
-    return cls(model, k, batch, capacity)
+    return cls(engine_for(model.trunk, model, compile), model, k, batch, capacity)
 
 
 @torch.no_grad()
 def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, draft_len: int | None = None,
                          temperature: float = 0.0, top_p: float = 1.0, stop: StopFn | None = None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
-                         drafter: Drafter | None = None, stats: SpecStats | None = None, timer=None) -> list[list[int]]:
+                         drafter: Drafter | None = None, stats: SpecStats | None = None, timer=None,
+                         compile: bool | None = None) -> list[list[int]]:
     """`generate`'s contract for an `MTPModel` (greedy: its exact output), drafting with the model's
     own modules unless `drafter` is given. `stats` accumulates counters, `timer` times the phases
-    prefill / draft0 (the modules' pass over the prompt) / draft / verify."""
+    prefill / draft0 (the modules' pass over the prompt) / draft / verify. `compile` runs the
+    verification forward (fixed width k+1) compiled (None: the device's default)."""
     if not prompts:
         return []
-    trunk, timer = model.trunk, timer or NO_TIMER
+    engine, timer = engine_for(model.trunk, model, compile), timer or NO_TIMER
     k = drafter.k if drafter is not None else draft_len_for(model, draft_len)
     stats = stats if stats is not None else SpecStats(k)
-    cache_len = max(len(p) for p in prompts) + max_new_tokens + k + 2
-    own = drafter is None
-    drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2)
-    try:
-        with timer("prefill"):
-            cache, logits, hidden = prefill(trunk, prompts, cache_len, pad_id=eos_id or 0)
-            tokens = next_token(logits, temperature, top_p, generator)
-        device, lengths = logits.device, cache.lengths.clone()
-        seq = torch.zeros(len(prompts), cache_len + k + 2, dtype=torch.long, device=device)
-        for i, p in enumerate(prompts):
-            seq[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-        rows = torch.arange(len(prompts), device=device)
-        seq[rows, lengths] = tokens
-        drafter.commit(torch.zeros_like(lengths), lengths, hidden)
-        outputs: list[list[int]] = [[] for _ in prompts]
-        active = list(range(len(prompts)))
-        n_new, new = torch.ones_like(lengths), tokens[:, None]
-        span = torch.arange(k + 1, device=device)
-        phase = "draft0"
-        while True:
-            keep = _emit(outputs, active, new.tolist(), n_new.tolist(), max_new_tokens, eos_id, stop)
-            if not keep:
-                return outputs
-            if len(keep) < len(active):
-                rows = torch.tensor(keep, device=device)
-                cache.select(rows)
-                drafter.select(rows)
-                seq, lengths = seq[rows], lengths[rows]
-                active = [active[r] for r in keep]
-                rows = torch.arange(len(keep), device=device)
-            with timer(phase):
-                drafts, q = drafter.propose(seq, lengths, temperature, top_p, generator)
-            phase = "draft"
-            with timer("verify"):
-                hidden = trunk.forward_hidden(torch.cat([seq[rows, lengths][:, None], drafts], 1), cache)
-                n_acc, nxt = accept(drafts, q, trunk.head(hidden), temperature, top_p, generator)
-            stats.record(n_acc)
-            new = torch.cat([drafts, nxt[:, None]], 1)
-            new[rows, n_acc] = nxt  # committed: drafts[:n_acc], then the trunk's token
-            n_new = n_acc + 1
-            seq[rows[:, None], lengths[:, None] + 1 + span] = new
-            drafter.commit(lengths, n_new, hidden)
-            lengths = lengths + n_new
-            cache.rollback(lengths)
-    finally:
-        if own:
-            drafter.close()
+    cache_len = cache_capacity(engine, max(len(p) for p in prompts) + max_new_tokens + k + 2)
+    drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile)
+    with timer("prefill"):
+        cache, logits, hidden, shared = prefill(engine, prompts, cache_len, pad_id=eos_id or 0)
+        tokens = next_token(logits, temperature, top_p, generator)
+    device, lengths = logits.device, cache.lengths.clone()
+    seq = torch.zeros(len(prompts), cache_len + k + 2, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        seq[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+    rows = torch.arange(len(prompts), device=device)
+    seq[rows, lengths] = tokens
+    drafter.commit(torch.zeros_like(lengths), lengths, hidden, shared)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    active = list(range(len(prompts)))
+    n_new, new = torch.ones_like(lengths), tokens[:, None]
+    span = torch.arange(k + 1, device=device)
+    frozen = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    phase = "draft0"
+    while True:
+        keep = _emit(outputs, active, new.tolist(), n_new.tolist(), max_new_tokens, eos_id, stop)
+        if not keep:
+            return outputs
+        if engine.compiled and len(keep) < len(active) - int(frozen.sum()):
+            # compiled: finished rows ride along (one batch shape, no recompilation), frozen in place
+            for row in set(range(len(active))) - set(keep):
+                active[row] = None
+            frozen = torch.tensor([i is None for i in active], device=device)
+        elif not engine.compiled and len(keep) < len(active):
+            rows = torch.tensor(keep, device=device)
+            frozen = frozen[rows]
+            cache.select(rows)
+            drafter.select(rows)
+            seq, lengths = seq[rows], lengths[rows]
+            active = [active[r] for r in keep]
+            rows = torch.arange(len(keep), device=device)
+        with timer(phase):
+            drafts, q = drafter.propose(seq, lengths, temperature, top_p, generator)
+        phase = "draft"
+        with timer("verify"):
+            hidden, shared = engine.forward(torch.cat([seq[rows, lengths][:, None], drafts], 1), cache)
+            n_acc, nxt = accept(drafts, q, engine.head(hidden), temperature, top_p, generator)
+        stats.record(n_acc[~frozen])
+        new = torch.cat([drafts, nxt[:, None]], 1)
+        new[rows, n_acc] = nxt  # committed: drafts[:n_acc], then the trunk's token
+        n_new = (n_acc + 1).masked_fill_(frozen, 0)
+        seq[rows[:, None], lengths[:, None] + 1 + span] = new
+        drafter.commit(lengths, n_new, hidden, shared)
+        lengths = lengths + n_new
+        cache.rollback(lengths)
 
 
-def _emit(outputs: list[list[int]], active: list[int], new: list[list[int]], n_new: list[int],
+def _emit(outputs: list[list[int]], active: list[int | None], new: list[list[int]], n_new: list[int],
           max_new_tokens: int, eos_id: int | None, stop: StopFn | None) -> list[int]:
     """Append each row's committed tokens one at a time, with `generate`'s stopping rules (EOS, the
     stop function, the length limit); returns the batch rows that go on."""
     keep = []
     for row, i in enumerate(active):
+        if i is None:  # a finished row riding along
+            continue
         out = outputs[i]
         for tok in new[row][: n_new[row]]:
             out.append(tok)

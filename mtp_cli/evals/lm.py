@@ -31,7 +31,8 @@ SCORE_TOKENS_PER_BATCH = 8192  # teacher-forced scoring: rows x width per forwar
 @register_model("mtp")
 class MTPLM(TemplateLM):
     def __init__(self, pretrained: str | None = None, trunk=None, tokenizer=None, batch_size: int = BATCH_SIZE,
-                 max_length: int | None = None, seed: int = 0, progress=None, truncate: bool = True, **_ignored):
+                 max_length: int | None = None, seed: int = 0, progress=None, truncate: bool = True,
+                 compile: bool | None = None, **_ignored):
         super().__init__()
         if pretrained is not None:
             from mtp_cli.model.hf import load_export
@@ -45,6 +46,7 @@ class MTPLM(TemplateLM):
         self.progress = progress
         self.score_description = "loglikelihood"  # the Rich bar's label while scoring continuations
         self.truncate = truncate
+        self.compile = compile  # the decoder's torch.compile switch (None: the device's default)
         self.prompt_lengths: list[int] = []  # token lengths of every generation prompt seen (before any cut)
         self.prompt_cuts: list[int] = []  # tokens cut from the left of each of those prompts
         self.gen_budgets: list[int] = []  # new-token budget of each generation request (after `generation_budget`)
@@ -90,7 +92,7 @@ class MTPLM(TemplateLM):
             for i, n, c in zip(indices, lengths, cuts):
                 self._record(requests[i], "generate", n, c)
             ids = generate_ids(self.trunk, self.tokenizer, prompts, max_gen, temperature=temperature, top_p=top_p,
-                               stops=until, generator=self.generator, batch_size=self.batch_size,
+                               stops=until, generator=self.generator, batch_size=self.batch_size, compile=self.compile,
                                progress=None if disable_tqdm else self.progress, description="gsm8k: generate")
             for i, completion in zip(indices, ids):
                 text = self.tokenizer.decode(completion, skip_special_tokens=True)

@@ -86,10 +86,11 @@ def hf_run(source: str, recipe=None):
 
 def run_eval(run_dir=None, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k_data=None, samples=1,
              temperature=0.0, text=None, json_path=None, show_progress=True, truncate=True,
-             gsm8k_fewshot=None, hf=None, recipe=None) -> dict:
+             gsm8k_fewshot=None, hf=None, recipe=None, compile=None) -> dict:
     """Evaluate one run, or with `hf` a Hugging Face checkpoint (folder or Hub id; `recipe` gives its
     held-out data); writes and returns the eval JSON document. `truncate=False` refuses any eval that
-    would need a prompt cut to stay inside the trained context; `gsm8k_fewshot` defaults to 5."""
+    would need a prompt cut to stay inside the trained context; `gsm8k_fewshot` defaults to 5.
+    `compile`: the decoder's torch.compile switch (None: the device's default)."""
     from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
     from mtp_cli.evals.lm import MTPLM
     from mtp_cli.model.hf import ensure_export, load_export
@@ -140,9 +141,10 @@ def run_eval(run_dir=None, tasks=("humaneval", "gsm8k", "heldout"), limit=None, 
                 results[task] = result | {"windows_path": windows_path, "items_path": windows_path}
             elif task == "humaneval":
                 results[task] = humaneval.run(trunk, tokenizer, samples_path(json_path, task), limits[task], samples,
-                                              temperature, progress=progress, truncate=truncate)
+                                              temperature, progress=progress, truncate=truncate,
+                                              compile=compile)
             else:
-                lm = MTPLM(trunk=trunk, tokenizer=tokenizer, progress=progress, truncate=truncate)
+                lm = MTPLM(trunk=trunk, tokenizer=tokenizer, progress=progress, truncate=truncate, compile=compile)
                 lm.score_description = "gsm8k: score gold answers"
                 result = gsm8k.run(lm, limits[task], gsm8k_data, num_fewshot=fewshot)
                 path = samples_path(json_path, task)

@@ -27,7 +27,7 @@ from torch import nn
 from mtp_cli.config import ModelConfig, MTPConfig
 from mtp_cli.errors import UserError
 from mtp_cli.model import loss as L
-from mtp_cli.model.trunk import Block, KVCache, RMSNorm, Trunk, init_weights
+from mtp_cli.model.trunk import Block, RMSNorm, Trunk, init_weights
 
 
 class SharedHead(nn.Module):
@@ -47,10 +47,10 @@ class MTPModule(nn.Module):
         self.block = Block(cfg)
         self.shared_head = SharedHead(cfg)
 
-    def forward(self, h_prev: torch.Tensor, emb_next: torch.Tensor, rope, cache: KVCache | None = None) -> torch.Tensor:
-        cos, sin, positions = rope
+    def forward(self, h_prev: torch.Tensor, emb_next: torch.Tensor, rope) -> torch.Tensor:
+        cos, sin = rope
         x = self.eh_proj(torch.cat([self.enorm(emb_next), self.hnorm(h_prev)], dim=-1))
-        return self.block(x, cos, sin, cache, 0, positions)
+        return self.block(x, cos, sin)
 
 
 @dataclass
@@ -123,20 +123,20 @@ class MTPModel(nn.Module):
         trunk, T = self.trunk, idx.shape[1]
         with torch.no_grad() if self.frozen_trunk else contextlib.nullcontext():
             x = trunk.embed_tokens(idx)
-            rope = trunk.rope(T, idx.device, None, x.dtype)
+            rope = trunk.rope(T, idx.device, x.dtype)
             if self.objective == "parallel":
-                shared = trunk.run_layers(x, 0, trunk.n_layers - 1, None, rope)
-                hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, None, rope)
+                shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
+                hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
             else:
-                hidden = trunk.run_layers(x, 0, trunk.n_layers, None, rope)
+                hidden = trunk.run_layers(x, 0, trunk.n_layers, rope)
                 h = trunk.norm(hidden) if self.mtp_cfg.mtp_input == "post-norm" else hidden
-        cos, sin, _ = rope
+        cos, sin = rope
         if self.objective == "parallel":
             return hidden, [head(shared, cos, sin)[:, : T - k] for k, head in enumerate(self.mtp, 1)]
         extras = []
         for k, module in enumerate(self.mtp, 1):
             n = T - k
-            h = module(h[:, :n], x[:, k:], (cos[:n], sin[:n], None))
+            h = module(h[:, :n], x[:, k:], (cos[:n], sin[:n]))
             extras.append(h)
         return hidden, extras
 
@@ -158,9 +158,9 @@ def parallel_backward(model: MTPModel, idx: torch.Tensor, targets: torch.Tensor,
     logits are alive at once. Calls .backward() itself; returns detached losses."""
     trunk, T = model.trunk, idx.shape[1]
     x = trunk.embed_tokens(idx)
-    rope = trunk.rope(T, idx.device, None, x.dtype)
-    cos, sin, _ = rope
-    shared = trunk.run_layers(x, 0, trunk.n_layers - 1, None, rope)
+    rope = trunk.rope(T, idx.device, x.dtype)
+    cos, sin = rope
+    shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
     shared_leaf = shared.detach().requires_grad_()
     heads = [trunk.layers[trunk.n_layers - 1], *model.mtp]
     weight = L.extra_weight(lam, len(model.mtp))

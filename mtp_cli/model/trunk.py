@@ -1,4 +1,4 @@
-"""The Llama-style decoder trunk: RMSNorm, rotate-half RoPE, SwiGLU, optional GQA, KV cache.
+"""The Llama-style decoder trunk: RMSNorm, rotate-half RoPE, SwiGLU, optional GQA.
 
 Parameter names and layouts mirror Hugging Face `LlamaForCausalLM` (q/k/v/o_proj, gate/up/down_proj,
 input_layernorm, post_attention_layernorm, norm, lm_head) so that export is a renaming. For pretrained
@@ -7,8 +7,8 @@ scaled (linear, llama3). `Block` is
 the one transformer block class: trunk layers, DeepSeek-V3 MTP modules and Meta's parallel heads
 are all built from it.
 
-The KV cache keeps one write position per row, so rows of a batch may hold different lengths
-(ragged prompts, ragged speculative acceptance); rolling back is setting a row's length.
+These modules are the training (and full-sequence scoring) path; decoding with a KV cache runs on
+`mtp_cli.decode.engine`, which reads the same parameters.
 """
 
 from __future__ import annotations
@@ -109,82 +109,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-class KVCache:
-    """Per-layer K/V buffers of shape (B, S_max, H_kv, D) with a per-row length.
-
-    Writes go to positions `lengths[b] + j`; a query at position p sees keys at positions <= p.
-    Slots beyond a row's length are stale and masked, so rollback is `lengths = new_lengths`.
-    `k[layer]` / `v[layer]` are (B, S_max, H_kv, D) views of (B, H_kv, S_max, D) storage, so attention
-    reads each head's keys contiguously (about twice as fast when decoding with long prompts).
-    """
-
-    def __init__(self, n_layers: int, batch: int, max_len: int, kv_heads: int, head_dim: int,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-        shape = (batch, kv_heads, max_len, head_dim)
-        self._set([torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)],
-                  [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)])
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.max_len = max_len
-        self._plan_key: torch.Tensor | None = None
-        self._plan: tuple[int, int | None, torch.Tensor | None] = (0, None, None)
-
-    def _set(self, k_store: list[torch.Tensor], v_store: list[torch.Tensor]) -> None:
-        self._k, self._v = k_store, v_store
-        self.k = [t.transpose(1, 2) for t in k_store]
-        self.v = [t.transpose(1, 2) for t in v_store]
-
-    @property
-    def batch(self) -> int:
-        return self.lengths.shape[0]
-
-    def positions(self, n_new: int) -> torch.Tensor:
-        """(B, n_new) absolute positions of the next n_new tokens of every row."""
-        pos = self.lengths[:, None] + torch.arange(n_new, device=self.lengths.device)[None, :]
-        if int(pos.max()) >= self.max_len:
-            raise RuntimeError(f"KV cache full: need position {int(pos.max())}, capacity {self.max_len}")
-        return pos
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
-        """Write new keys/values (B, T, H_kv, D) at `positions` (B, T); return all keys and values up to
-        the furthest position and the attention mask (None when nothing needs hiding): a query at p
-        sees keys <= p."""
-        span, start, mask = self._plan_for(positions)
-        if start is not None:  # one row, consecutive positions: a slice copy instead of a scatter
-            self.k[layer][:, start:span] = k
-            self.v[layer][:, start:span] = v
-        else:
-            rows = torch.arange(k.shape[0], device=k.device)[:, None]
-            self.k[layer][rows, positions] = k.to(self.k[layer].dtype)
-            self.v[layer][rows, positions] = v.to(self.v[layer].dtype)
-        return self.k[layer][:, :span], self.v[layer][:, :span], mask
-
-    def _plan_for(self, positions: torch.Tensor) -> tuple[int, int | None, torch.Tensor | None]:
-        """(span, slice start for a single row or None, additive mask (B, 1, T, span) or None). Every
-        layer of a forward passes the same `positions` tensor, so this runs once per forward."""
-        if positions is not self._plan_key:
-            lo, hi = (int(t) for t in positions.aminmax())
-            B, T = positions.shape
-            start = lo if B == 1 and hi - lo == T - 1 else None
-            mask = None
-            if T > 1 or B > 1:
-                hidden = torch.arange(hi + 1, device=positions.device)[None, None, None, :] > positions[:, None, :, None]
-                mask = torch.zeros(hidden.shape, dtype=self.k[0].dtype, device=positions.device)
-                mask.masked_fill_(hidden, float("-inf"))
-            self._plan_key, self._plan = positions, (hi + 1, start, mask)
-        return self._plan
-
-    def advance(self, n_new: int | torch.Tensor) -> None:
-        self.lengths = self.lengths + n_new
-
-    def rollback(self, lengths: torch.Tensor) -> None:
-        self.lengths = lengths.clone()
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only the given batch rows (e.g. drop finished sequences)."""
-        self._set([k[rows] for k in self._k], [v[rows] for v in self._v])
-        self.lengths = self.lengths[rows]
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -194,19 +118,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None = None, layer: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q = apply_rope(self.q_proj(x).view(B, T, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(B, T, self.kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim)
-        if cache is None:
-            mask, is_causal = None, True
-        else:
-            k, v, mask = cache.update(layer, k, v, positions)
-            is_causal = False
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=True,
                                              enable_gqa=self.kv_heads != self.n_heads)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
@@ -233,9 +151,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None = None, layer: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, positions)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -267,40 +184,24 @@ class Trunk(nn.Module):
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.unembed(self.norm(hidden))
 
-    def rope(self, T: int, device: torch.device, cache: KVCache | None, dtype: torch.dtype,
-             offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """cos, sin and cache write positions for T new tokens."""
-        if cache is None:
-            positions = None
-            cos, sin = self.rotary(torch.arange(offset, offset + T, device=device), dtype)
-        else:
-            positions = cache.positions(T)
-            cos, sin = self.rotary(positions, dtype)
-        return cos, sin, positions
+    def rope(self, T: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions 0..T-1."""
+        return self.rotary(torch.arange(T, device=device), dtype)
 
-    def run_layers(self, x: torch.Tensor, start: int, stop: int, cache: KVCache | None,
-                   rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-        cos, sin, positions = rope
+    def run_layers(self, x: torch.Tensor, start: int, stop: int,
+                   rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        cos, sin = rope
         for i in range(start, stop):
-            x = self.layers[i](x, cos, sin, cache, i, positions)
+            x = self.layers[i](x, cos, sin)
         return x
 
-    def forward_hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward_hidden(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(idx)
-        rope = self.rope(idx.shape[1], idx.device, cache, x.dtype)
-        x = self.run_layers(x, 0, self.n_layers, cache, rope)
-        if cache is not None:
-            cache.advance(idx.shape[1])
-        return x
+        return self.run_layers(x, 0, self.n_layers, self.rope(idx.shape[1], idx.device, x.dtype))
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V) for next-token prediction."""
-        return self.head(self.forward_hidden(idx, cache))
-
-    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
-        p = self.embed_tokens.weight
-        return KVCache(self.n_layers, batch, max_len or self.cfg.context, self.cfg.kv_heads,
-                       self.cfg.head_dim, p.device, p.dtype)
+        return self.head(self.forward_hidden(idx))
 
 
 def compile_blocks(module: nn.Module) -> int:

@@ -1,0 +1,271 @@
+"""The decode engine: the trunk's (and the MTP modules') forward for decoding, with few, lean calls.
+
+Training runs the `nn.Module`s; decoding runs this. At build time the weights are laid out once for
+small-batch products — q/k/v concatenated into one matrix, gate/up into one, every wide matrix
+transposed contiguous (MKL reads that layout faster for a few rows) — read from the same parameters
+(the training modules are untouched; the engine is rebuilt when a parameter changes). A forward is
+then about a dozen tensor calls per layer: RMSNorm, one QKV product, RoPE as `x·cos + roll(x)·sin±`,
+two in-place cache writes, SDPA, the output product fused with the residual (`addmm`), RMSNorm, one
+gate-up product, SiLU·up, the down product fused with the residual. Positions are explicit, so the
+same code serves prefill, the 1-token step, verification at width k+1 and the MTP modules' windows.
+
+Two plans for attention. Eager: attend to the keys up to the furthest position written, with no
+mask for one row and one query, SDPA's causal kernel for a fresh prefill, else an additive mask
+built once per forward. Static (for `torch.compile`): every shape is fixed — attend over the whole
+cache capacity, mask from the positions tensor — so the compiled step never recompiles as the
+sequence grows or rolls back. On CUDA it compiles with `mode="reduce-overhead"` (CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mtp_cli.decode.static_cache import StaticKVCache, check_capacity
+
+
+class BlockWeights:
+    """One `Block`'s weights in decode layout."""
+
+    def __init__(self, block):
+        attn, mlp = block.self_attn, block.mlp
+        self.n_heads, self.kv_heads, self.head_dim = attn.n_heads, attn.kv_heads, attn.head_dim
+        self.qk_width = (attn.n_heads + attn.kv_heads) * attn.head_dim
+        self.ffn = mlp.gate_proj.weight.shape[0]
+        self.norm_attn, self.norm_mlp = block.input_layernorm.weight.detach(), block.post_attention_layernorm.weight.detach()
+        self.eps = block.input_layernorm.eps
+        self.w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach().t().contiguous()
+        self.w_o = attn.o_proj.weight.detach().t()
+        self.w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().t().contiguous()
+        self.w_down = mlp.down_proj.weight.detach().t()
+
+
+class SequentialWeights:
+    """One DeepSeek-V3 MTP module: the fusing projection, its block, its output norm."""
+
+    def __init__(self, module):
+        self.enorm, self.hnorm = module.enorm.weight.detach(), module.hnorm.weight.detach()
+        self.eps = module.enorm.eps
+        self.w_eh = module.eh_proj.weight.detach().t()
+        self.block = BlockWeights(module.block)
+        self.out_norm = module.shared_head.norm.weight.detach()
+
+
+@dataclass
+class Plan:
+    """How one forward reads and writes the cache; shared by all its layers."""
+    batch: int
+    width: int  # query tokens per row
+    positions: Tensor  # (B, T)
+    cos: Tensor  # (B*T, 1, D)
+    sin: Tensor  # (B*T, 1, D), sign-folded for roll
+    rows: Tensor  # (B, 1)
+    start: int | None  # one row at consecutive positions: a slice write at start
+    span: int  # keys 0..span-1 are read
+    mask: Tensor | None  # additive (B, 1, T, span)
+    causal: bool  # SDPA's own causal mask (a fresh prefill of one row)
+
+
+def _rope(x: Tensor, plan: Plan) -> Tensor:
+    """Rotate-half RoPE on (N, heads, D): x·cos + rotate_half(x)·sin, rotate_half as a roll against a
+    sin table whose first half is negated."""
+    return torch.addcmul(x * plan.cos, x.roll(x.shape[-1] // 2, -1), plan.sin)
+
+
+def block_forward(w: BlockWeights, x: Tensor, plan: Plan, k_store: Tensor, v_store: Tensor) -> Tensor:
+    """One Llama block on x (B*T, d), writing its keys/values at the plan's positions."""
+    B, T, H, Hkv, D = plan.batch, plan.width, w.n_heads, w.kv_heads, w.head_dim
+    h = F.rms_norm(x, w.norm_attn.shape, w.norm_attn, w.eps)
+    qkv = torch.mm(h, w.w_qkv)  # narrow, not [:, a:b]: one call instead of one per indexed dimension
+    qk = _rope(qkv.narrow(1, 0, w.qk_width).view(B * T, H + Hkv, D), plan)
+    q = qk.narrow(1, 0, H).view(B, T, H, D).transpose(1, 2)
+    k = qk.narrow(1, H, Hkv).view(B, T, Hkv, D)
+    v = qkv.narrow(1, w.qk_width, Hkv * D).view(B, T, Hkv, D)
+    if plan.start is not None:
+        k_store.narrow(2, plan.start, T).copy_(k.transpose(1, 2))
+        v_store.narrow(2, plan.start, T).copy_(v.transpose(1, 2))
+    else:
+        k_store.transpose(1, 2)[plan.rows, plan.positions] = k
+        v_store.transpose(1, 2)[plan.rows, plan.positions] = v
+    keys, values = k_store.narrow(2, 0, plan.span), v_store.narrow(2, 0, plan.span)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, is_causal=plan.causal,
+                                         enable_gqa=Hkv != H)
+    x = torch.addmm(x, out.transpose(1, 2).reshape(B * T, H * D), w.w_o)
+    gate_up = torch.mm(F.rms_norm(x, w.norm_mlp.shape, w.norm_mlp, w.eps), w.w_gate_up)
+    return torch.addmm(x, F.silu(gate_up.narrow(1, 0, w.ffn)) * gate_up.narrow(1, w.ffn, w.ffn), w.w_down)
+
+
+def _param_key(module) -> tuple:
+    return tuple((p.data_ptr(), p._version) for p in module.parameters())
+
+
+class Engine:
+    """Decode-layout weights of a trunk (and of an MTP model's modules, if given), the RoPE tables,
+    and the forwards. `compile=True` compiles the fixed-shape trunk forward (`forward_static`) used
+    by the 1-token step and verification; prefill and the drafters run eager."""
+
+    def __init__(self, trunk, model=None, compile: bool = False):
+        self.trunk, self.cfg = trunk, trunk.cfg
+        w = trunk.embed_tokens.weight
+        self.device, self.dtype = w.device, w.dtype
+        self.embed = w.detach()
+        self.blocks = [BlockWeights(b) for b in trunk.layers]
+        self.norm, self.eps = trunk.norm.weight.detach(), trunk.norm.eps
+        self.unembed = trunk.unembed_weight.detach().t().contiguous()
+        self.sequential, self.heads = [], []
+        if model is not None and model.objective == "sequential":
+            self.sequential = [SequentialWeights(m) for m in model.mtp]
+        elif model is not None and model.objective == "parallel":
+            self.heads = [BlockWeights(b) for b in model.mtp]
+        self._tables(trunk.cfg.context)
+        self.compiled = compile
+        self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
+        self._static = None
+        if compile:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._static = torch.compile(self.forward_static, dynamic=False, mode=mode)
+
+    # ---- tables and plans ------------------------------------------------------------------------
+    def _tables(self, length: int) -> None:
+        self.trunk.rotary(torch.tensor([length - 1], device=self.device), self.dtype)  # extends if needed
+        self.cos = self.trunk.rotary.cos[:length].to(self.dtype)
+        sin = self.trunk.rotary.sin[:length].to(self.dtype).clone()
+        sin[:, : sin.shape[1] // 2] *= -1
+        self.sin = sin
+        self.key_index = torch.arange(length, device=self.device)
+
+    def new_cache(self, batch: int, capacity: int, n_layers: int | None = None) -> StaticKVCache:
+        if capacity > self.cos.shape[0]:
+            self._tables(capacity)
+        return StaticKVCache(self.trunk.n_layers if n_layers is None else n_layers, batch, capacity,
+                             self.cfg.kv_heads, self.cfg.head_dim, self.device, self.dtype)
+
+    def plan(self, positions: Tensor, capacity: int, static: bool = False) -> Plan:
+        B, T = positions.shape
+        rows = torch.arange(B, device=positions.device)[:, None]
+        if static:
+            cos, sin = self.cos[positions], self.sin[positions]
+            hidden = self.key_index[:capacity][None, None, None, :] > positions[:, None, :, None]
+            mask = torch.zeros(hidden.shape, dtype=self.dtype, device=positions.device).masked_fill(hidden, float("-inf"))
+            return Plan(B, T, positions, cos.view(B * T, 1, -1), sin.view(B * T, 1, -1), rows, None, capacity, mask, False)
+        lo, hi = (int(t) for t in positions.aminmax())
+        check_capacity(hi, capacity)
+        start = lo if B == 1 and hi - lo == T - 1 else None
+        if start is not None:
+            cos, sin = self.cos[lo:hi + 1], self.sin[lo:hi + 1]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        mask, causal = None, False
+        if start == 0 and T > 1:
+            causal = True
+        elif T > 1 or B > 1:
+            hidden = self.key_index[: hi + 1][None, None, None, :] > positions[:, None, :, None]
+            mask = torch.zeros(hidden.shape, dtype=self.dtype, device=positions.device).masked_fill_(hidden, float("-inf"))
+        return Plan(B, T, positions, cos.reshape(B * T, 1, -1), sin.reshape(B * T, 1, -1), rows, start, hi + 1, mask, causal)
+
+    # ---- the trunk -------------------------------------------------------------------------------
+    def run_trunk(self, tokens: Tensor, plan: Plan, cache: StaticKVCache) -> tuple[Tensor, Tensor]:
+        """(hidden before the final norm (B, T, d), the input of the last layer (B, T, d))."""
+        B, T = tokens.shape
+        x = F.embedding(tokens, self.embed).view(B * T, -1)
+        shared = x
+        for i, w in enumerate(self.blocks):
+            shared = x
+            x = block_forward(w, x, plan, cache.k[i], cache.v[i])
+        return x.view(B, T, -1), shared.view(B, T, -1)
+
+    def forward_static(self, tokens: Tensor, positions: Tensor, k_stores: list[Tensor],
+                       v_stores: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """The fixed-shape forward `torch.compile` traces: the cache is passed in, attended in full."""
+        capacity = k_stores[0].shape[2]
+        plan = self.plan(positions, capacity, static=True)
+        return self.run_trunk(tokens, plan, _Stores(k_stores, v_stores))
+
+    def forward(self, tokens: Tensor, cache: StaticKVCache, static: bool | None = None) -> tuple[Tensor, Tensor]:
+        """Feed tokens (B, T) at each row's next positions and advance the cache; returns
+        (hidden (B, T, d), last layer's input (B, T, d)). `static` (default: compiled or not) runs the
+        fixed-shape forward, compiled when the engine is."""
+        T = tokens.shape[1]
+        positions = cache.positions(T)
+        static = self.compiled if static is None else static
+        if static:
+            cache.check(int(cache.lengths.max()) + T - 1)
+            out = self._run_static(tokens, positions, cache)
+        else:
+            out = self.run_trunk(tokens, self.plan(positions, cache.capacity), cache)
+        cache.advance(T)
+        return out
+
+    def _run_static(self, tokens: Tensor, positions: Tensor, cache: StaticKVCache) -> tuple[Tensor, Tensor]:
+        if self._static is None:
+            return self.forward_static(tokens, positions, cache.k, cache.v)
+        graphs = compiled_graphs()
+        t0 = time.perf_counter()
+        out = self._static(tokens, positions, cache.k, cache.v)
+        if compiled_graphs() != graphs:
+            self.compile_s += time.perf_counter() - t0
+        return out
+
+    def head_norm(self, hidden: Tensor, norm: Tensor | None = None) -> Tensor:
+        """The final RMSNorm (the trunk's, or a module's own)."""
+        return F.rms_norm(hidden, self.norm.shape, self.norm if norm is None else norm, self.eps)
+
+    def head(self, hidden: Tensor, norm: Tensor | None = None) -> Tensor:
+        """Logits from hidden states before the final norm (the trunk's, or a module's own norm)."""
+        return torch.matmul(self.head_norm(hidden, norm), self.unembed)
+
+    # ---- the MTP modules -------------------------------------------------------------------------
+    def sequential_module(self, d: int, h_prev: Tensor, tokens: Tensor, positions: Tensor,
+                          cache: StaticKVCache) -> Tensor:
+        """DeepSeek-V3 depth d (1-based) at explicit positions (B, W): h_prev (B, W, d), x_{j+d} tokens."""
+        m = self.sequential[d - 1]
+        B, W = tokens.shape
+        emb = F.embedding(tokens, self.embed).view(B * W, -1)
+        fused = torch.cat([F.rms_norm(emb, m.enorm.shape, m.enorm, m.eps),
+                           F.rms_norm(h_prev.reshape(B * W, -1), m.hnorm.shape, m.hnorm, m.eps)], -1)
+        x = torch.mm(fused, m.w_eh)
+        x = block_forward(m.block, x, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
+        return x.view(B, W, -1)
+
+    def parallel_head(self, j: int, shared: Tensor, positions: Tensor, cache: StaticKVCache) -> Tensor:
+        """Meta head j+2 (j 0-based over the extra heads) on the shared state (B, W, d) at positions (B, W)."""
+        B, W, _ = shared.shape
+        x = block_forward(self.heads[j], shared.reshape(B * W, -1), self.plan(positions, cache.capacity),
+                          cache.k[0], cache.v[0])
+        return x.view(B, W, -1)
+
+
+class _Stores:
+    def __init__(self, k: list[Tensor], v: list[Tensor]):
+        self.k, self.v = k, v
+
+
+def default_compile(device: torch.device | str) -> bool:
+    """`--compile`'s default: on CUDA (CUDA graphs remove the per-call launch cost); not on CPU, where
+    the compiled step measured no faster than the eager one and compiling costs seconds."""
+    return torch.device(device).type == "cuda"
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process (a recompilation adds one)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def engine_for(trunk, model=None, compile: bool | None = False) -> Engine:
+    """The trunk's engine, built once and rebuilt when any parameter changed (training, loading).
+    `compile=None`: `default_compile` for the trunk's device."""
+    if compile is None:
+        compile = default_compile(trunk.embed_tokens.weight.device)
+    owner = model if model is not None else trunk
+    key = (_param_key(owner), compile)
+    cached = owner.__dict__.get("_decode_engine")
+    if cached is None or cached[0] != key:
+        cached = (key, Engine(trunk, model, compile))
+        owner.__dict__["_decode_engine"] = cached
+    return cached[1]

@@ -1,0 +1,107 @@
+"""The decode engine's parts, interleaved in one process: the trunk forward at widths 1..4 (the
+plain step and verifying k = 1..3 drafts), eager and compiled, and one drafting step of a sequential
+D=1 module and of a parallel head, on a quick-recipe-sized model with random weights (4 layers,
+d_model 256, 4 heads, ffn 688, vocab 4096; timing does not depend on the weights) after a 128-token
+prompt. Each round times every part over `--steps` calls, the rounds rotate through all parts, and
+medians over rounds are printed with the ratios the decoding targets are stated in. Also the bytes
+of weights one step reads, for the weight-streaming floor.
+
+    .venv/bin/python scripts/decode_parts.py [--rounds 8] [--steps 30] [--threads 1] [--no-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--no-compile", action="store_true", help="skip the compiled forward")
+    args = ap.parse_args()
+
+    import torch
+
+    from mtp_cli.config import ModelConfig, MTPConfig
+    from mtp_cli.decode.engine import Engine
+    from mtp_cli.decode.generate import prefill
+    from mtp_cli.decode.speculative import ParallelDrafter, SequentialDrafter
+    from mtp_cli.model.mtp import MTPModel
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=4096, n_layers=4, d_model=256, n_heads=4, ffn_hidden=688, context=512,
+                      zero_init_residual=False)
+    sequential = MTPModel(cfg, MTPConfig(objective="sequential", depth=1)).eval()
+    parallel = MTPModel(cfg, MTPConfig(objective="parallel", heads=2, compute_matched=False)).eval()
+    P = args.prompt_tokens
+    prompt = torch.randint(0, cfg.vocab_size, (P,)).tolist()
+    parts = {}
+    with torch.no_grad():
+        for compiled in (False,) if args.no_compile else (False, True):
+            engine = Engine(sequential.trunk, sequential, compile=compiled)
+            cache, *_ = prefill(engine, [prompt], cfg.context)
+            start = cache.lengths.clone()
+            for width in (1, 2, 3, 4):
+                tokens = torch.full((1, width), 7)
+
+                def forward(engine=engine, cache=cache, start=start, tokens=tokens):
+                    hidden, _ = engine.forward(tokens, cache)
+                    engine.head(hidden)
+                    cache.rollback(start)
+                t0 = time.perf_counter()
+                forward()
+                if compiled:
+                    print(f"compiled width {width}: first call {time.perf_counter() - t0:.1f} s")
+                parts[f"{'compiled' if compiled else 'eager'} width {width}"] = forward
+        for name, model, cls in (("draft sequential D=1", sequential, SequentialDrafter),
+                                 ("draft parallel head", parallel, ParallelDrafter)):
+            engine = Engine(model.trunk, model)
+            cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
+            drafter = cls(engine, model, 1, 1, cfg.context + 8)
+            seq = torch.zeros(1, cfg.context + 8, dtype=torch.long)
+            seq[0, :P] = torch.tensor(prompt)
+            lengths = torch.tensor([P])
+            drafter.commit(torch.zeros(1, dtype=torch.long), lengths, hidden, shared)
+
+            def draft(drafter=drafter, seq=seq, lengths=lengths):
+                drafter.exact = lengths - 1  # one committed position to run, as every step at k = 1
+                drafter.propose(seq, lengths, 0.0, 1.0, None)
+            draft()
+            parts[name] = draft
+        times = {name: [] for name in parts}
+        names = list(parts)
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    parts[name]()
+                times[name].append((time.perf_counter() - t0) / args.steps)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name, t in med.items():
+        print(f"{name:22s} {t * 1e3:7.3f} ms")
+    for tag in ("eager",) if args.no_compile else ("eager", "compiled"):
+        step = med[f"{tag} width 1"]
+        print(f"{tag}: t_verify(k+1) / t_step " + "  ".join(f"k={w - 1}: {med[f'{tag} width {w}'] / step:.2f}"
+                                                           for w in (2, 3, 4)))
+    step = med["eager width 1"]
+    print(f"t_draft / t_step (eager): sequential D=1 {med['draft sequential D=1'] / step:.2f}, "
+          f"parallel head {med['draft parallel head'] / step:.2f}")
+    if not args.no_compile:
+        print(f"compiled / eager step: {med['compiled width 1'] / step:.2f}")
+    step_bytes = sum(p.numel() * p.element_size() for n, p in sequential.trunk.named_parameters()
+                     if n != "embed_tokens.weight" or sequential.trunk.lm_head is None)
+    print(f"weights read per step: {step_bytes / 1e6:.1f} MB (divide by your measured memory bandwidth for the floor)")
+
+
+if __name__ == "__main__":
+    main()

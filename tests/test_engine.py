@@ -1,0 +1,207 @@
+"""The decode engine and its static KV cache: the trunk's and modules' forwards at explicit
+positions, ragged rows, row selection, capacity, and the compiled fixed-shape step (the same greedy
+output as eager, no recompilation as the sequence grows or rolls back, sampling's distribution)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtp_cli.decode.engine import compiled_graphs, engine_for
+from mtp_cli.decode.generate import generate, prefill
+from mtp_cli.decode.static_cache import CacheFull
+from mtp_cli.model.trunk import Trunk, init_weights
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def random_trunk(seed: int = 0, **kw) -> Trunk:
+    from conftest import tiny_model_config
+
+    torch.manual_seed(seed)
+    trunk = Trunk(tiny_model_config(**kw)).eval()
+    init_weights(trunk, 0.3)
+    return trunk
+
+
+PROMPTS = [[5, 9, 2, 7, 1, 3, 8], [4, 4, 6], [11, 3, 2, 9, 9], [1]]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("cfg_kw", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "tie_embeddings": False}],
+                         ids=["mha", "gqa", "mqa-untied"])
+def test_engine_logits_equal_the_training_forward(cfg_kw, batch):
+    """A chunked prefill, 1-token steps and a 4-token verify give the trunk's own logits at every
+    position (one row: slice writes and SDPA's causal kernel; two rows: scattered writes and a mask)."""
+    trunk = random_trunk(**cfg_kw)
+    engine = engine_for(trunk)
+    seq = torch.randint(0, 512, (batch, 20))
+    with torch.no_grad():
+        ref = trunk(seq)
+        cache = engine.new_cache(batch, 24)
+        chunks = [(0, 7), (7, 10), *((j, j + 1) for j in range(10, 16)), (16, 20)]
+        got = torch.cat([engine.head(engine.forward(seq[:, a:b], cache)[0]) for a, b in chunks], 1)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert cache.lengths.tolist() == [20] * batch
+
+
+def test_ragged_rows_equal_each_row_alone():
+    trunk = random_trunk()
+    engine = engine_for(trunk)
+    with torch.no_grad():
+        cache, logits, _, _ = prefill(engine, PROMPTS, 24)
+        step = engine.head(engine.forward(torch.tensor([[3], [1], [4], [1]]), cache)[0][:, -1])
+        for i, p in enumerate(PROMPTS):
+            alone, first, _, _ = prefill(engine, [p], 24)
+            torch.testing.assert_close(logits[i], first[0], rtol=1e-4, atol=1e-4)
+            after = engine.head(engine.forward(torch.tensor([[[3], [1], [4], [1]][i]]), alone)[0][:, -1])
+            torch.testing.assert_close(step[i], after[0], rtol=1e-4, atol=1e-4)
+
+
+def test_rollback_is_a_length_change():
+    """Feeding 4 drafts, rolling back to keep 1, then stepping equals never having fed the other 3."""
+    trunk = random_trunk()
+    engine = engine_for(trunk)
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        cache, _, _, _ = prefill(engine, [prompt], 24)
+        engine.forward(torch.tensor([[7, 8, 9, 10]]), cache)
+        cache.rollback(torch.tensor([len(prompt) + 1]))
+        got = engine.head(engine.forward(torch.tensor([[2]]), cache)[0][:, -1])
+        fresh, _, _, _ = prefill(engine, [prompt + [7]], 24)
+        want = engine.head(engine.forward(torch.tensor([[2]]), fresh)[0][:, -1])
+    assert cache.lengths.tolist() == [len(prompt) + 2]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_row_selection_keeps_the_chosen_rows():
+    trunk = random_trunk()
+    engine = engine_for(trunk)
+    with torch.no_grad():
+        cache, _, _, _ = prefill(engine, PROMPTS, 24)
+        cache.select(torch.tensor([2, 0]))
+        got = engine.head(engine.forward(torch.tensor([[6], [6]]), cache)[0][:, -1])
+        want, _, _, _ = prefill(engine, [PROMPTS[2], PROMPTS[0]], 24)
+        ref = engine.head(engine.forward(torch.tensor([[6], [6]]), want)[0][:, -1])
+    assert cache.batch == 2
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_capacity_overflow_is_a_clear_error(static):
+    trunk = random_trunk()
+    engine = engine_for(trunk)
+    with torch.no_grad():
+        cache, _, _, _ = prefill(engine, [PROMPTS[0]], 9)  # 7 tokens, room for 2 more
+        engine.forward(torch.tensor([[1]]), cache, static=static)
+        with pytest.raises(CacheFull, match="need position 9, capacity 9"):
+            engine.forward(torch.tensor([[1, 2]]), cache, static=static)
+
+
+def test_engine_is_rebuilt_when_weights_change():
+    trunk = random_trunk()
+    before = generate(trunk, PROMPTS, 6)
+    with torch.no_grad():
+        trunk.layers[0].mlp.up_proj.weight.mul_(-1)
+    after = generate(trunk, PROMPTS, 6)
+    fresh = generate(random_trunk(), PROMPTS, 6)
+    assert before == fresh and after != before
+
+
+# ---- compiled ----------------------------------------------------------------------------------------
+def test_compiled_greedy_equals_eager_without_recompiling():
+    """A 1-layer trunk (a short compile): compiled and eager greedy output are identical on a ragged
+    batch, and 200 more compiled steps with rollbacks build no new graph."""
+    torch._dynamo.reset()
+    trunk = random_trunk(n_layers=1, context=256)
+    eager = generate(trunk, PROMPTS, 12)
+    assert generate(trunk, PROMPTS, 12, compile=True) == eager
+    engine = engine_for(trunk, compile=True)
+    assert engine.compile_s > 0
+    graphs = compiled_graphs()
+    with torch.no_grad():
+        cache, _, _, _ = prefill(engine, PROMPTS, 256)
+        lengths = cache.lengths.clone()
+        for step in range(200):
+            engine.forward(torch.tensor([[step % 500]] * 4), cache)
+            if step % 7 == 6:  # roll back the last 7 tokens, ragged: row i keeps i of them
+                lengths = lengths + torch.arange(4)
+                cache.rollback(lengths)
+        assert generate(trunk, [p[::-1] for p in PROMPTS], 30, compile=True) \
+            == generate(trunk, [p[::-1] for p in PROMPTS], 30)
+    assert compiled_graphs() == graphs, "the compiled step recompiled"
+
+
+def test_compiled_speculative_equals_eager_greedy():
+    """A 1-layer trunk with one DeepSeek module: compiled verification (width k+1) gives plain
+    greedy's output, token for token, on a ragged batch whose rows finish at different steps, and
+    does not recompile on the next call."""
+    from conftest import tiny_model_config
+    from mtp_cli.config import MTPConfig
+    from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.model.mtp import MTPModel
+
+    torch.manual_seed(0)
+    model = MTPModel(tiny_model_config(n_layers=1), MTPConfig(objective="sequential", depth=1)).eval()
+    init_weights(model, 0.3)
+    def stop(i, ids):  # rows finish at different steps: they ride along, frozen, in the compiled batch
+        return len(ids) >= 6 + 4 * i
+
+    expected = generate(model.trunk, PROMPTS, 20, stop=stop)
+    assert speculative_generate(model, PROMPTS, 20, draft_len=2, compile=True, stop=stop) == expected
+    graphs = compiled_graphs()
+    assert speculative_generate(model, PROMPTS[::-1], 20, draft_len=2, compile=True) \
+        == generate(model.trunk, PROMPTS[::-1], 20)
+    assert compiled_graphs() == graphs, "verification recompiled"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective,draft_len", [("sequential", 1), ("sequential", 3), ("parallel", 2)])
+def test_compiled_speculative_is_lossless_on_trained_runs(tiny_runs, objective, draft_len):
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.decode.speculative import speculative_generate
+
+    run = load_run(tiny_runs[objective])
+    prompts = [run.tokenizer.encode(t) for t in ("def split(s, sep=None):\n    ", "import os\n", "class A:\n")]
+    expected = generate(run.model.trunk, prompts, 30)
+    assert generate(run.model.trunk, prompts, 30, compile=True) == expected
+    assert speculative_generate(run.model, prompts, 30, draft_len=draft_len, compile=True) == expected
+
+
+@pytest.mark.slow
+def test_compiled_sampling_preserves_the_distribution(tiny_runs):
+    from test_speculative import _chi_square_pvalue, _first_two_token_law
+
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.decode.speculative import SpecStats, speculative_generate
+
+    run = load_run(tiny_runs["sequential"])
+    prompt = run.tokenizer.encode("def split(s, sep=None):\n    ")
+    temperature, n = 0.8, 4000
+    p1, p2 = _first_two_token_law(run.model.trunk, prompt, temperature)
+    stats = SpecStats(2)
+    out = speculative_generate(run.model, [prompt] * n, 2, draft_len=2, temperature=temperature,
+                               generator=torch.Generator().manual_seed(0), stats=stats, compile=True)
+    assert min(stats.accepted, stats.drafted - stats.accepted) > 100
+    V = p1.shape[0]
+    c1 = torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double()
+    c2 = torch.bincount(torch.tensor([o[1] for o in out]), minlength=V).double()
+    assert _chi_square_pvalue(c1, p1) > 1e-3 and _chi_square_pvalue(c2, p2) > 1e-3
+    plain = generate(run.model.trunk, [prompt] * n, 2, temperature=temperature,
+                     generator=torch.Generator().manual_seed(1), compile=True)
+    c1 = torch.bincount(torch.tensor([o[0] for o in plain]), minlength=V).double()
+    c2 = torch.bincount(torch.tensor([o[1] for o in plain]), minlength=V).double()
+    assert _chi_square_pvalue(c1, p1) > 1e-3 and _chi_square_pvalue(c2, p2) > 1e-3
+
+
+@pytest.mark.parametrize("flags", [["--no-compile"], pytest.param(["--compile"], marks=pytest.mark.slow)])
+def test_cli_generate_compile_switch(tiny_runs, capsys, flags):
+    """`mtp generate --compile/--no-compile`: the same text as the default, plain and speculative."""
+    from conftest import cli_in_process
+
+    base = ["generate", tiny_runs["sequential"], "--prompt", "def split(s):\n", "--max-new-tokens", "16"]
+    code, plain, _ = cli_in_process(*base, capsys=capsys)
+    assert code == 0
+    for extra in ([], ["--speculative"]):
+        code, out, err = cli_in_process(*base, *extra, *flags, capsys=capsys)
+        assert code == 0 and out == plain, err
