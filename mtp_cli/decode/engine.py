@@ -39,6 +39,8 @@ class BlockWeights:
         self.norm_attn, self.norm_mlp = block.input_layernorm.weight.detach(), block.post_attention_layernorm.weight.detach()
         self.eps = block.input_layernorm.eps
         self.w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach().t().contiguous()
+        biased = attn.q_proj.bias is not None  # Qwen2 checkpoints: q, k and v carry biases together
+        self.b_qkv = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach() if biased else None
         self.w_o = attn.o_proj.weight.detach().t()
         self.w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().t().contiguous()
         self.w_down = mlp.down_proj.weight.detach().t()
@@ -80,7 +82,7 @@ def block_forward(w: BlockWeights, x: Tensor, plan: Plan, k_store: Tensor, v_sto
     """One Llama block on x (B*T, d), writing its keys/values at the plan's positions."""
     B, T, H, Hkv, D = plan.batch, plan.width, w.n_heads, w.kv_heads, w.head_dim
     h = F.rms_norm(x, w.norm_attn.shape, w.norm_attn, w.eps)
-    qkv = torch.mm(h, w.w_qkv)  # narrow, not [:, a:b]: one call instead of one per indexed dimension
+    qkv = torch.mm(h, w.w_qkv) if w.b_qkv is None else torch.addmm(w.b_qkv, h, w.w_qkv)
     qk = _rope(qkv.narrow(1, 0, w.qk_width).view(B * T, H + Hkv, D), plan)
     q = qk.narrow(1, 0, H).view(B, T, H, D).transpose(1, 2)
     k = qk.narrow(1, H, Hkv).view(B, T, Hkv, D)
