@@ -15,6 +15,7 @@ import json
 import math
 import netrc
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -104,7 +105,7 @@ class WandbTracker(Tracker):
         import wandb
 
         state = _read_state(run_dir)
-        run_id = state.get("wandb_id") or wandb.util.generate_id()
+        run_id = state.get("wandb_id") or uuid.uuid4().hex[:8]
         if state.get("wandb_id") != run_id:
             _write_state(run_dir, {**state, "wandb_id": run_id})
         (run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
@@ -126,7 +127,10 @@ class WandbTracker(Tracker):
         self.run.log({"step": step, **values})
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        wandb.teardown()  # wait for wandb's service to write everything out before this process goes on
 
 
 def wandb_mode() -> str:
