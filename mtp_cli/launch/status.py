@@ -24,14 +24,17 @@ class StageState:
 def grid_status(ab) -> list[StageState]:
     """The state of every stage of every cell of a planned ablation (`ablate.plan`)."""
     from mtp_cli.launch.jobs import GROUP_OF
-    from mtp_cli.launch.submit import job_state, read_jobs
+    from mtp_cli.launch.submit import job_state, read_jobs, refresh_states
 
     rows = []
+    all_records = {cell.name: read_jobs(cell.run_dir) for cell in ab.cells}
+    if any(all_records.values()):
+        refresh_states([r for records in all_records.values() for r in records.values()])
     for cell in ab.cells:
         run = results.RunFolder(cell.run_dir)
         pending = results.pending_stages(run, cell.recipe)
-        records = read_jobs(cell.run_dir)
-        states = {group: job_state(rec) for group, rec in records.items()}
+        records = all_records[cell.name]
+        states = {group: job_state(rec, cached=True) for group, rec in records.items()}
         for stage in results.enabled_stages(cell.recipe):
             if stage not in pending:
                 rows.append(StageState(cell.name, stage, "done"))

@@ -67,19 +67,33 @@ def record_job(run_dir: Path, group: str, job, cluster: str) -> None:
     write_json(run_dir / JOBS_JSON, jobs)
 
 
-def job_state(record: dict | None) -> str:
-    """queued | running | completed | failed | none, for a recorded job (asks sacct, or the local process)."""
+def refresh_states(records: list[dict]) -> None:
+    """Ask sacct once about all these recorded Slurm jobs (through submitit's watcher); `job_state(...,
+    cached=True)` then reads the answers."""
+    import submitit
+
+    ids = [r["job_id"] for r in records if r and r.get("cluster") == "slurm"]
+    if ids:
+        watcher = submitit.SlurmJob.watcher
+        for job_id in ids:
+            watcher.register_job(job_id)
+        watcher.update()
+
+
+def job_state(record: dict | None, cached: bool = False) -> str:
+    """queued | running | completed | failed | none, for a recorded job (asks sacct, or the local process);
+    `cached`: use the answer of the last `refresh_states`."""
     if not record:
         return "none"
     import submitit
 
     if record.get("cluster") == "local":
         return _local_state(record)
-    job = submitit.SlurmJob(folder=record["folder"], job_id=record["job_id"])
     try:
-        raw = job.get_info(mode="force").get("State") or "UNKNOWN"
+        raw = submitit.SlurmJob.watcher.get_info(record["job_id"], mode="cache" if cached else "force").get("State")
     except Exception:  # sacct missing or failing: we cannot tell
-        raw = "UNKNOWN"
+        raw = None
+    raw = raw or "UNKNOWN"
     raw = raw.split()[0].upper()  # "CANCELLED by 123"
     if raw == "UNKNOWN":
         age = time.time() - _parse_time(record.get("submitted"))
@@ -214,15 +228,17 @@ def submit_round(ab, launcher: LauncherConfig, cluster: str, sub: Submission, do
 
     sub.deferred = []
     trains, after, upstream = [], [], {}  # upstream: run -> the training job its later stages wait for
+    all_records = {cell.name: read_jobs(cell.run_dir) for cell in ab.cells}
+    refresh_states([r for records in all_records.values() for r in records.values()])
     for cell in ab.cells:
         pending = results.pending_stages(results.RunFolder(cell.run_dir), cell.recipe)
-        records = read_jobs(cell.run_dir)
+        records = all_records[cell.name]
         if "train" in pending and "train" in records:
             upstream[cell.name] = records["train"]["job_id"]
         for group, stages in GROUPS.items():
             if not set(stages) & set(pending) or (cell.name, group) in done_groups:
                 continue
-            if job_state(records.get(group)) in ACTIVE:
+            if job_state(records.get(group), cached=True) in ACTIVE:
                 sub.kept.setdefault(cell.name, {})[group] = records[group]["job_id"]
                 continue
             if group == "train":
@@ -270,10 +286,12 @@ def follow(ab, launcher: LauncherConfig, cluster: str, sub: Submission, show_pro
         rows = {cell.name: progress.add_task(f"  {cell.name}", total=n, completed=0, info="") for cell in ab.cells}
         while True:
             active = False
+            all_records = {cell.name: read_jobs(cell.run_dir) for cell in ab.cells}
+            refresh_states([r for records in all_records.values() for r in records.values()])
             for cell in ab.cells:
                 pending = results.pending_stages(results.RunFolder(cell.run_dir), cell.recipe)
-                records = read_jobs(cell.run_dir)
-                states = {g: job_state(records.get(g)) for g in records}
+                records = all_records[cell.name]
+                states = {g: job_state(records.get(g), cached=True) for g in records}
                 active |= any(s in ACTIVE for s in states.values())
                 info = " ".join(f"{g} {s}" for g, s in states.items() if any(st in pending for st in _groups()[g]))
                 progress.update(rows[cell.name], completed=n - len(pending), info=info if pending else "done")
