@@ -188,7 +188,7 @@ def ablate(
     status: Optional[str] = typer.Option(None, "--status", metavar="RECIPE",
                                          help="List every run and stage of RECIPE with its state (done, queued, running, failed); run nothing."),
     launcher: Optional[str] = typer.Option(None, help="local (run the stages here, one after another) | slurm "
-                                           "(submit them as jobs with submitit) [default: recipe's launcher.kind, local]."),
+                                           "(submit them as jobs with submitit); default: the recipe's launcher.kind, local."),
     wait: bool = typer.Option(False, "--wait", help="With --launcher slurm: follow the jobs until they finish."),
     track: Optional[str] = typer.Option(None, help="Also log every run to tensorboard | wandb | none (recipe: train.track)."),
     partition: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Slurm partition."),
@@ -200,7 +200,7 @@ def ablate(
     cpus_per_task: Optional[int] = typer.Option(None, rich_help_panel="Slurm", help="CPUs per task (one task per node)."),
     mem: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Memory per node, e.g. 64G."),
     sbatch: Optional[list[str]] = typer.Option(None, rich_help_panel="Slurm", help="Extra sbatch option KEY=VALUE (repeatable), e.g. constraint=a100."),
-    job_folder: Optional[Path] = typer.Option(None, rich_help_panel="Slurm", help="submitit's job folder (logs) on a shared filesystem [default: RESULTS/<recipe>/slurm]."),
+    job_folder: Optional[Path] = typer.Option(None, rich_help_panel="Slurm", help="submitit's job folder (logs) on a shared filesystem; default: RESULTS_ROOT/<recipe>/slurm."),
 ) -> None:
     """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
     from mtp_cli import ablate as ablation

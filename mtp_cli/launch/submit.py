@@ -70,6 +70,7 @@ def record_job(run_dir: Path, group: str, job, cluster: str) -> None:
 def refresh_states(records: list[dict]) -> None:
     """Ask sacct once about all these recorded Slurm jobs (through submitit's watcher); `job_state(...,
     cached=True)` then reads the answers."""
+    require_submitit()
     import submitit
 
     ids = [r["job_id"] for r in records if r and r.get("cluster") == "slurm"]
@@ -164,8 +165,8 @@ def _submit(executor, calls: list, what: str) -> list:
     import submitit
 
     caught = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(caught), contextlib.redirect_stdout(caught):
+    try:  # clean_env: submitted from inside a Slurm job, the new jobs must not inherit its SLURM_* settings
+        with contextlib.redirect_stderr(caught), contextlib.redirect_stdout(caught), submitit.helpers.clean_env():
             if len(calls) == 1:
                 return [executor.submit(calls[0])]
             with executor.batch():
@@ -217,7 +218,6 @@ def submit_ablation(ab, launcher: LauncherConfig, wait: bool = False, show_progr
                         for r in grid_status(ab) if r.state == "failed"]
     for cell in ab.cells:
         cell.pending = results.pending_stages(results.RunFolder(cell.run_dir), cell.recipe)
-    ab.submission = sub
     return ab
 
 
