@@ -330,12 +330,13 @@ STEPS = 2000  # micro steps take milliseconds: the signal must land while most o
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL a process and every descendant (the job controller, its task, torchrun, the trainer)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    kids = [int(x) for x in children.read_text().split()] if children.exists() else []
-    os.kill(pid, signal.SIGSTOP)
-    for kid in kids:
-        _kill_tree(kid)
-    os.kill(pid, signal.SIGKILL)
+    import contextlib
+
+    with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+        os.kill(pid, signal.SIGSTOP)  # frozen, it starts nothing new while its children go
+        for kid in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            _kill_tree(int(kid))
+        os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -11,11 +11,13 @@ the requeued training resumes from the run's last checkpoint (`train.ckpt_every`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import submitit
@@ -133,11 +135,20 @@ _CHILDREN: list[subprocess.Popen] = []  # torchrun of the job in this process (n
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM torchrun's process group, SIGKILL it after `grace_s`. This runs inside submitit's signal
+    handler while the main thread sits in `proc.wait()`, which holds the Popen's lock: so no
+    `proc.wait` here (it would deadlock), only a non-blocking waitpid."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
     except ProcessLookupError:
-        pass
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(proc.pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
