@@ -245,7 +245,7 @@ def _strip(obj):
     """A stored JSON document without what depends on the clock or the machine's load."""
     if isinstance(obj, dict):
         return {k: _strip(v) for k, v in obj.items() if k not in TIMING and not k.endswith(("_s", "_ms", "per_s"))
-                and k not in ("throughput", "env", "hardware", "speedup", "ideal_speedup", "launcher")}
+                and k not in ("throughput", "env", "hardware", "speedup", "ideal_speedup", "launcher", "git_commit")}
     if isinstance(obj, list):
         return [_strip(v) for v in obj]
     return obj
@@ -297,8 +297,10 @@ def test_a_killed_training_job_is_resumed_by_the_rerun(tmp_path, monkeypatch):
     ab = ablate.plan(recipe, results_root=tmp_path / "res")
     ablate.write_lock(ab)
     settings = ablate._launch_settings(ab, {"kind": "slurm", "gpus_per_node": 0}, None, False)
-    submit.submit_ablation(ab, settings, wait=False, show_progress=False, cluster="local")
+    submission = _in_background(submit.submit_ablation, ab, settings, show_progress=False, cluster="local", poll_s=0.2)
     run = ab.cells[0].run_dir
+    while "train" not in submit.read_jobs(run):
+        time.sleep(0.1)
     job = submit.read_jobs(run)["train"]
     deadline = time.time() + 300
     while not (run / "checkpoint.pt").is_file():
@@ -312,7 +314,9 @@ def test_a_killed_training_job_is_resumed_by_the_rerun(tmp_path, monkeypatch):
     head = (run / "metrics.jsonl").read_text()
     step = json.loads(head.splitlines()[-1])["step"]
     assert step < STEPS and submit.job_state(job) == "failed"
-    (row,) = launch_status.grid_status(ablate.plan(recipe, results_root=tmp_path / "res"))
+    submission.join(60)  # it followed the training (no dependencies here) and stops with it
+    assert not submission.is_alive()
+    row = launch_status.grid_status(ablate.plan(recipe, results_root=tmp_path / "res"))[0]
     assert (row.stage, row.state, row.job_id) == ("train", "failed", job["job_id"])
     ab = _local_executor(recipe, tmp_path / "res")
     assert not ab.failures, ab.failures
@@ -323,6 +327,15 @@ def test_a_killed_training_job_is_resumed_by_the_rerun(tmp_path, monkeypatch):
     # resumed, not restarted: the rows up to the checkpoint that existed at the kill are kept as they were
     kept = "".join(line + "\n" for line in head.splitlines() if json.loads(line)["step"] <= 100)
     assert (run / "metrics.jsonl").read_text().startswith(kept)
+
+
+def _in_background(func, *args, **kwargs):
+    """func (a submission that follows its jobs) in a thread, so the test can act on the job meanwhile."""
+    import threading
+
+    thread = threading.Thread(target=func, args=args, kwargs=kwargs, daemon=True)
+    thread.start()
+    return thread
 
 
 STEPS = 2000  # micro steps take milliseconds: the signal must land while most of the training is left
@@ -351,8 +364,10 @@ def test_a_preempted_training_is_requeued_and_resumes_from_its_checkpoint(tmp_pa
     ab = ablate.plan(recipe, results_root=tmp_path / "res")
     ablate.write_lock(ab)
     settings = ablate._launch_settings(ab, {"kind": "slurm", "gpus_per_node": 0}, None, False)
-    submit.submit_ablation(ab, settings, wait=False, show_progress=False, cluster="local")
+    submission = _in_background(submit.submit_ablation, ab, settings, show_progress=False, cluster="local", poll_s=0.2)
     run = ab.cells[0].run_dir
+    while "train" not in submit.read_jobs(run):
+        time.sleep(0.1)
     job = submit.read_jobs(run)["train"]
     deadline = time.time() + 300
     while not (run / "checkpoint.pt").is_file():
@@ -366,6 +381,7 @@ def test_a_preempted_training_is_requeued_and_resumes_from_its_checkpoint(tmp_pa
         assert time.time() < deadline
         time.sleep(0.5)
     assert submit.job_state(job) == "completed"
+    submission.join(300)
     log = Path(job["stderr"]).read_text() + Path(job["stdout"]).read_text()
     assert "Requeued job" in log and "preempted" in log
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
