@@ -54,10 +54,10 @@ def run_stages(spec: dict, stages: tuple[str, ...]) -> list[str]:
     from mtp_cli import ablate
 
     ab, cell = cell_from_spec(spec)
-    todo = [s for s in results.pending_stages(results.RunFolder(cell.run_dir), cell.recipe) if s in stages]
-    view = ablate.GridView(ab, [(cell, todo)], disable=True)
+    missing = [s for s in results.pending_stages(results.RunFolder(cell.run_dir), cell.recipe) if s in stages]
+    view = ablate.GridView(ab, [(cell, missing)], disable=True)
     ran = []
-    for stage in todo:
+    for stage in missing:
         if not ablate._run_stage(ab, cell, stage, view):
             raise StageFailed(ab.failures[-1])
         ran.append(stage)
