@@ -9,6 +9,7 @@ Under torchrun only the (collective) train stage runs; a plain `mtp ablate` afte
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -103,16 +104,23 @@ def fingerprint(source: Path) -> str:
     data.pop("description", None)
     if isinstance(data.get("eval"), dict):
         data["eval"].pop("gsm8k_data", None)
+    data.pop("launcher", None)  # where the stages run, and what watches them, change no result
+    if isinstance(data.get("train"), dict):
+        data["train"].pop("track", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,
                  dry_run: bool = False, force: bool = False, results_root: str | Path = "results",
-                 show_progress: bool = True, gsm8k_data: str | Path | None = None) -> Ablation:
+                 show_progress: bool = True, gsm8k_data: str | Path | None = None, launcher: dict | None = None,
+                 track: str | None = None, wait: bool = False) -> Ablation:
     """Run (or with dry_run only plan) the grid; returns the plan, with `summary` set after a real run.
-    A dry run checks what the real run checks first (recipe, lock, output folder, GSM8K, prompts)."""
+    A dry run checks what the real run checks first (recipe, lock, output folder, GSM8K, prompts).
+    `launcher`: overrides of the recipe's [launcher] section (kind "slurm" submits jobs, see mtp_cli.launch);
+    `track`: overrides train.track of every run."""
     ab = plan(recipe_path, only, seeds, results_root, gsm8k_data)
     stale = check_lock(ab, force)
+    settings = _launch_settings(ab, launcher, track, wait)
     _check_output_folder(ab.results_dir)
     _preflight_eval(ab)
     if dry_run:
@@ -125,7 +133,14 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
                             f"`mtp ablate --recipe {ab.source} --force` without torchrun)")
         discard(ab.results_dir)
         ab = plan(recipe_path, only, seeds, results_root, gsm8k_data)
+        _launch_settings(ab, launcher, track, wait)
     write_lock(ab)
+    if settings.kind != "local":
+        from mtp_cli.launch import submit
+
+        if ablate_source.SOURCE in ab.extra_stages:
+            raise UserError(f"{ab.recipe.name} first trains its [source] run: make it with --launcher local, then submit")
+        return submit.submit_ablation(ab, settings, wait=wait, show_progress=show_progress)
     if ablate_source.SOURCE in ab.extra_stages and rank == 0:
         ablate_source.make_source(ab, show_progress)
     stages = ("train",) if world > 1 else results.STAGES
@@ -226,6 +241,24 @@ def _last_train_step(metrics: Path) -> tuple[int, float | None]:
     return 0, None
 
 
+def _launch_settings(ab: Ablation, launcher: dict | None, track: str | None, wait: bool):
+    """The recipe's [launcher] with the command line's overrides, and --track set on every run."""
+    from mtp_cli import tracking
+
+    overrides = dict(launcher or {})
+    if overrides.get("sbatch"):
+        overrides["sbatch"] = {**ab.recipe.launcher.sbatch, **overrides["sbatch"]}
+    ab.recipe.override("launcher", **overrides)
+    ab.recipe.launcher.validate()
+    if wait and ab.recipe.launcher.kind == "local":
+        raise UserError("--wait follows submitted jobs: use it with --launcher slurm")
+    for cell in ab.cells:
+        cell.recipe.override("train", track=track)
+        cell.recipe.train.validate()
+    tracking.require(ab.cells[0].recipe.train.track if ab.cells else "none")
+    return ab.recipe.launcher
+
+
 # ---- the stages -----------------------------------------------------------------------------------
 def _run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
     """Run one stage and log its wall time; False (and the traceback in ablate.log) if it crashed.
@@ -243,6 +276,10 @@ def _run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
         ui.console.print(f"[red]{cell.name}: {stage} failed[/red] ({type(exc).__name__}: {exc})", highlight=False)
         return False
     _log_stage(ab, cell, stage, time.perf_counter() - t0)
+    if int(os.environ.get("RANK", "0")) == 0:
+        from mtp_cli import tracking
+
+        tracking.log_stage(cell.recipe, cell.run_dir, stage)
     return True
 
 
@@ -426,11 +463,26 @@ def _log_stage(ab: Ablation, cell: Cell, stage: str, seconds: float) -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         return
     path = cell.run_dir / results.ABLATE_JSON
-    log = json.loads(path.read_text()) if path.is_file() else {}
-    log.update({"variant": cell.variant.name, "seed": cell.seed, "recipe": ab.recipe.name,
-                "fingerprint": ab.fingerprint})
-    log.setdefault("stages", {})[stage] = {"seconds": round(seconds, 2), "finished": _now()}
-    write_json(path, log)
+    with _locked(path):  # Slurm runs a run's eval and specbench jobs side by side
+        log = json.loads(path.read_text()) if path.is_file() else {}
+        log.update({"variant": cell.variant.name, "seed": cell.seed, "recipe": ab.recipe.name,
+                    "fingerprint": ab.fingerprint})
+        log.setdefault("stages", {})[stage] = {"seconds": round(seconds, 2), "finished": _now()}
+        write_json(path, log)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on `path`'s folder (flock; no lock file left behind) for a read-modify-write
+    across processes."""
+    import fcntl
+
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _display_path(path: Path) -> str:

@@ -50,6 +50,7 @@ def train(
                                             "a Hub id; Llama or Qwen2): its architecture and tokenizer."),
     freeze_trunk: Optional[bool] = typer.Option(None, "--freeze-trunk/--no-freeze-trunk",
                                                 help="Train only the MTP modules (with --init-from)."),
+    track: Optional[str] = typer.Option(None, help="Also log to tensorboard | wandb | none (recipe: train.track)."),
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
     from mtp_cli import checkpoint as ckpt
@@ -77,7 +78,7 @@ def train(
     r.override("mtp", objective=objective, depth=depth, heads=heads, lambda_=lam, lambda_final=lambda_final,
                lambda_switch=lambda_switch, mtp_input=mtp_input)
     r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device, compile=compile,
-               freeze_trunk=freeze_trunk)
+               freeze_trunk=freeze_trunk, track=track)
     if data:
         r.override("data", source="files", paths=list(data))
     r.validate()
@@ -221,7 +222,7 @@ def specbench(
 
 @app.command()
 def ablate(
-    recipe: str = typer.Option(..., help="Recipe name (recipes/*.toml) or path to a TOML file with variants."),
+    recipe: Optional[str] = typer.Option(None, help="Recipe name (recipes/*.toml) or path to a TOML file with variants."),
     only: Optional[str] = typer.Option(None, help="Run only these variants (comma-separated names)."),
     seeds: Optional[str] = typer.Option(None, help="Run only these seeds, e.g. 0,1 (default: the recipe's)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and its estimated cost; run nothing."),
@@ -230,14 +231,43 @@ def ablate(
     gsm8k_data: Optional[Path] = typer.Option(None, help="GSM8K folder for the eval stage, or `hub` [default: "
                                               "$MTP_GSM8K_DATA, else the recipe's eval.gsm8k_data, else data/gsm8k]."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads for every stage (default: torch's, one per core)."),
+    status: Optional[str] = typer.Option(None, "--status", metavar="RECIPE",
+                                         help="List every run and stage of RECIPE with its state (done, queued, running, failed); run nothing."),
+    launcher: Optional[str] = typer.Option(None, help="local (run the stages here, one after another) | slurm "
+                                           "(submit them as jobs with submitit); default: the recipe's launcher.kind, local."),
+    wait: bool = typer.Option(False, "--wait", help="With --launcher slurm: follow the jobs until they finish."),
+    track: Optional[str] = typer.Option(None, help="Also log every run to tensorboard | wandb | none (recipe: train.track)."),
+    partition: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Slurm partition."),
+    account: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Slurm account."),
+    qos: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Slurm QOS."),
+    time_limit: Optional[str] = typer.Option(None, "--time", rich_help_panel="Slurm", help="Time limit per job, Slurm syntax (e.g. 4:00:00)."),
+    nodes: Optional[int] = typer.Option(None, rich_help_panel="Slurm", help="Nodes of each training job."),
+    gpus_per_node: Optional[int] = typer.Option(None, rich_help_panel="Slurm", help="GPUs per node (torchrun processes per node)."),
+    cpus_per_task: Optional[int] = typer.Option(None, rich_help_panel="Slurm", help="CPUs per task (one task per node)."),
+    mem: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Memory per node, e.g. 64G."),
+    sbatch: Optional[list[str]] = typer.Option(None, rich_help_panel="Slurm", help="Extra sbatch option KEY=VALUE (repeatable), e.g. constraint=a100."),
+    job_folder: Optional[Path] = typer.Option(None, rich_help_panel="Slurm", help="submitit's job folder (logs) on a shared filesystem; default: RESULTS_ROOT/<recipe>/slurm."),
 ) -> None:
     """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
     from mtp_cli import ablate as ablation
 
     _use_threads(threads)
     seed_list = _int_list(seeds, "--seeds") if seeds is not None else None
+    if status is not None:
+        from mtp_cli.launch.status import ablation_status, status_table
+
+        ab, rows = ablation_status(status, only=only, seeds=seed_list, results_root=results_root)
+        ui.out.print(status_table(ab, rows))
+        return
+    if recipe is None:
+        raise UserError("mtp ablate needs --recipe RECIPE (or --status RECIPE)")
+    settings = {"kind": launcher, "partition": partition, "account": account, "qos": qos, "time": time_limit,
+                "nodes": nodes, "gpus_per_node": gpus_per_node, "cpus_per_task": cpus_per_task, "mem": mem,
+                "sbatch": _key_values(sbatch, "--sbatch") if sbatch else None,
+                "folder": str(job_folder) if job_folder else None}
     ab = ablation.run_ablation(recipe, only=only, seeds=seed_list, dry_run=dry_run, force=force,
-                               results_root=results_root, gsm8k_data=gsm8k_data)
+                               results_root=results_root, gsm8k_data=gsm8k_data, launcher=settings, track=track,
+                               wait=wait)
     if dry_run:
         ui.out.print(ablation.plan_table(ab))
         return
@@ -277,6 +307,16 @@ def _use_threads(threads: int | None) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def _key_values(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"{flag} expects KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs
 
 
 def _int_list(text: str, flag: str) -> list[int]:

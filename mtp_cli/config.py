@@ -25,6 +25,8 @@ MTP_INPUTS = ("post-norm", "pre-norm")
 SCHEDULES = ("cosine", "wsd")
 EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
 SPEC_PROMPTS = ("humaneval", "gsm8k")
+TRACKERS = ("none", "tensorboard", "wandb")
+LAUNCHERS = ("local", "slurm")
 VARIANT_SECTIONS = ("model", "mtp", "data", "train")
 ROPE_TYPES = ("default", "linear", "llama3")
 SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval")
@@ -201,6 +203,7 @@ class TrainConfig:
     peak_flops: float = 0.0  # FLOP/s used for MFU; 0 = measure the fp32/bf16 matmul peak once
     init_from: str = ""  # a Hugging Face checkpoint (folder or Hub id) the trunk starts from; "" = random init
     freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
+    track: str = "none"  # none | tensorboard | wandb: also log the metrics there (rank 0)
 
     def validate(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "ckpt_every"):
@@ -214,6 +217,8 @@ class TrainConfig:
             raise UserError(f"unknown train.schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"unknown train.device {self.device!r}; choose auto, cpu or cuda")
+        if self.track not in TRACKERS:
+            raise UserError(f"unknown tracker {self.track!r} (--track / train.track); choose one of {', '.join(TRACKERS)}")
 
 
 @dataclass
@@ -287,6 +292,55 @@ class SourceConfig:
 
 
 @dataclass
+class LauncherConfig:
+    """Where `mtp ablate` runs its stages: here, one after another (local), or as Slurm jobs (submitit)."""
+
+    kind: str = "local"  # local | slurm
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    time: str = "4:00:00"  # Slurm's time-limit syntax, per job
+    nodes: int = 1  # of the training job; export/eval/specbench jobs use one node
+    gpus_per_node: int = 1
+    cpus_per_task: int = 8
+    mem: str = ""  # e.g. "64G"; "" = the partition's default
+    sbatch: dict[str, Any] = field(default_factory=dict)  # extra sbatch options, e.g. { constraint = "a100" }
+    setup: list[str] = field(default_factory=list)  # shell lines run before each job, e.g. "module load cuda"
+    folder: str = ""  # submitit's job folder (logs, pickles); "" = <results>/<recipe>/slurm
+
+    def validate(self) -> None:
+        if self.kind not in LAUNCHERS:
+            raise UserError(f"unknown launcher {self.kind!r} (--launcher / launcher.kind); choose one of {', '.join(LAUNCHERS)}")
+        for name in ("nodes", "cpus_per_task"):
+            if getattr(self, name) < 1:
+                raise UserError(f"launcher.{name} must be >= 1, got {getattr(self, name)}")
+        if self.gpus_per_node < 0:
+            raise UserError(f"launcher.gpus_per_node must be >= 0, got {self.gpus_per_node}")
+        time_minutes(self.time)
+
+
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def time_minutes(text: str) -> int:
+    """Slurm's time-limit syntax (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in whole minutes, rounded up."""
+    match = _SLURM_TIME.match(str(text).strip())
+    if not match:
+        raise UserError(f"launcher time {text!r} is not a Slurm time limit (e.g. 90, 4:00:00, 1-12:00:00)")
+    days, a, b, c = match.groups()
+    a, b, c = int(a), int(b or 0), int(c or 0)
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        seconds = ((int(days) * 24 + a) * 60 + b) * 60 + c
+    elif c or match.group(4) is not None:  # H:M:S
+        seconds = (a * 60 + b) * 60 + c
+    else:  # M or M:S
+        seconds = a * 60 + b
+    if seconds < 60:
+        raise UserError(f"launcher time {text!r} is under a minute")
+    return -(-seconds // 60)
+
+
+@dataclass
 class Variant:
     """One column of an ablation: a name plus overrides of the recipe's sections, e.g.
     `{name = "seq-d1", mtp = {objective = "sequential", depth = 1, lambda = 0.3}}`."""
@@ -313,6 +367,7 @@ class Recipe:
     variants: list[Variant] = field(default_factory=list)
     description: str = ""
     source: SourceConfig = field(default_factory=SourceConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
     def validate(self) -> Recipe:
         self.model.validate()
@@ -339,6 +394,7 @@ class Recipe:
             raise UserError(f"recipe.seeds lists a seed twice: {self.seeds}")
         self.eval.validate()
         self.specbench.validate()
+        self.launcher.validate()
         seen: set[str] = set()
         for v in self.variants:
             if not v.name:

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtp_cli import checkpoint as ckpt
-from mtp_cli import env, ui
+from mtp_cli import env, tracking, ui
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
@@ -38,7 +38,7 @@ from mtp_cli.model.trunk import compile_blocks
 from mtp_cli.schedule import lr_at
 
 # Keys of train.* that may change between an interrupted run and its resumption.
-RESUMABLE_TRAIN_KEYS = {"steps", "log_every", "eval_every", "ckpt_every", "eval_batches", "compile", "device"}
+RESUMABLE_TRAIN_KEYS = {"steps", "log_every", "eval_every", "ckpt_every", "eval_batches", "compile", "device", "track"}
 
 
 def default_run_name(recipe: Recipe) -> str:
@@ -91,7 +91,7 @@ def flops_per_token(model: MTPModel, context: int) -> float:
 def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool:
     """Validate the output folder; returns True when a checkpoint should be resumed."""
     run_json = out / ckpt.RUN_JSON
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not any(p.name != "jobs.json" for p in out.iterdir()):  # jobs.json: mtp_cli.launch
         return False
     if not run_json.is_file() and not force:
         raise UserError(f"output folder {out} is not empty and holds no run; choose another --out or pass --force")
@@ -198,6 +198,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     if (t.freeze_trunk or recipe.data.source == "self") and not t.init_from:
         raise UserError("this recipe starts from its [source]'s export: run it with `mtp ablate`, or pass --init-from")
     source = pretrained.resolve_recipe(recipe) if t.init_from else None
+    tracking.require(t.track)
     ddp = init_distributed(t.device)
     device = torch.device(f"cuda:{ddp.local_rank}") if env.pick_device(t.device).type == "cuda" else torch.device("cpu")
     per_rank, rem = divmod(t.batch_size, ddp.world * t.grad_accum)
@@ -284,6 +285,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     tok_fp = toklib.fingerprint(data.tokenizer)
     save = lambda step: ckpt.save_checkpoint(out, model, optimizer, step, recipe, {"tokenizer_fingerprint": tok_fp})  # noqa: E731
     metrics_file = open(out / ckpt.METRICS, "a") if ddp.main else None
+    tracker = tracking.open_tracker(recipe, out, start_step if do_resume else None, new_run=not do_resume) \
+        if ddp.main else None
     step_times: list[float] = []
     tokens_per_step = t.batch_size * recipe.model.context
     last_val: dict = {}
@@ -331,6 +334,9 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                     for r in rows:
                         metrics_file.write(json.dumps(r) + "\n")
                     metrics_file.flush()
+                if tracker:
+                    for r in rows:
+                        tracker.log(r)
                 if ddp.main and (step % t.ckpt_every == 0 or step == t.steps):
                     save(step)
                 info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
@@ -347,6 +353,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     finally:
         if metrics_file:
             metrics_file.close()
+        if tracker:
+            tracker.close()
 
     timed = step_times[1:] or step_times  # the first step pays for warm-up
     summary.update({
