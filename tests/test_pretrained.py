@@ -412,5 +412,5 @@ def test_runs_stored_before_these_keys_still_resume(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"recipe": stored}))
     assert _check_out_dir(tmp_path, recipe, resume=True, force=False) is False  # same run, no checkpoint yet
     recipe.model.qkv_bias = True
-    with pytest.raises(UserError, match="model settings differ"):
+    with pytest.raises(UserError, match="model.qkv_bias False -> True"):
         _check_out_dir(tmp_path, recipe, resume=True, force=False)
