@@ -384,7 +384,8 @@ def _specbench(cell: Cell, view: GridView) -> None:
     run_specbench(cell.run_dir, prompts=cfg.prompts, limit=cfg.limit, max_new_tokens=cfg.max_new_tokens,
                   batch_sizes=tuple(cfg.batch_sizes), repeats=cfg.repeats, draft_len=cfg.draft_len,
                   json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested,
-                  gsm8k_data=cell.gsm8k, temperatures=tuple(cfg.temperatures), primary=cfg.primary)
+                  gsm8k_data=cell.gsm8k, temperatures=tuple(cfg.temperatures), primary=cfg.primary,
+                  peers=cfg.peers)
 
 
 STAGE_FUNCS = {"train": _train, "export": _export, "eval": _eval, "specbench": _specbench}

@@ -191,6 +191,8 @@ def specbench(
                                                "every prompt source is measured at each."),
     primary: Optional[str] = typer.Option(None, help="The condition the headline comes from, e.g. heldout-greedy "
                                                       "(default: the first)."),
+    peers: str = typer.Option("all", help="all | primary: time the Hugging Face peers in every condition, or in the "
+                                          "primary one only (they cost the most)."),
     limit: int = typer.Option(20, help="First N prompts (0 = all)."),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per prompt (fewer at EOS)."),
     batch_sizes: str = typer.Option("1", help="Comma-separated batch sizes, e.g. 1,4,16."),
@@ -213,7 +215,8 @@ def specbench(
     report = run_specbench(run, prompts=prompts, limit=limit or None, max_new_tokens=max_new_tokens,
                            batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
                            draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads,
-                           temperatures=_float_list(temperatures, "--temperatures"), primary=primary, compile=compile)
+                           temperatures=_float_list(temperatures, "--temperatures"), primary=primary, compile=compile,
+                           peers=peers)
     ui.out.print(render_table(report))
     if report["no_mtp_reason"]:
         ui.out.print(f"no MTP row: {report['no_mtp_reason']}", markup=False)

@@ -266,8 +266,11 @@ class SpecbenchConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     repeats: int = 5
     draft_len: int | None = None  # None: the run's own number of modules/heads
+    peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
 
     def validate(self) -> None:
+        if self.peers not in ("all", "primary"):
+            raise UserError(f"specbench.peers must be all or primary, got {self.peers!r}")
         for name in ("limit", "max_new_tokens", "repeats"):
             if getattr(self, name) < 1:
                 raise UserError(f"specbench.{name} must be >= 1, got {getattr(self, name)}")

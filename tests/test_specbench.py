@@ -127,6 +127,7 @@ def _bad(tiny_runs, tmp_path):
         "gsm8k prompts from the hub": (["--prompts", "gsm8k", "--gsm8k-data", "hub"], "not the hub"),
         "jsonl without prompt": (["--prompts", bad_jsonl], "no string field 'prompt'"),
         "repeats 0": (["--repeats", "0"], "--repeats must be >= 1"),
+        "unknown peers scope": (["--peers", "some"], "--peers must be one of"),
         "draft len too long for heads": (["--draft-len", "5"], None),
         "no room for the prompt": (["--max-new-tokens", "64"], "leaves no room for a prompt"),
         "missing run": (None, "run folder not found"),
@@ -276,7 +277,10 @@ def test_ratio_ci():
 def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
     from mtp_cli import results
 
-    committed = results.RunFolder(REPO / "results" / "quick" / "runs" / "seq-d1-s0")
+    old = tmp_path / "schema1"  # a specbench.json as the first committed results wrote it
+    old.mkdir()
+    shutil.copy(REPO / "tests" / "data" / "specbench_schema1.json", old / "specbench.json")
+    committed = results.RunFolder(old)
     assert committed.spec["schema"] == 1
     acc = results._spec(1, results.MTP_METHOD, "acceptance_rate")(committed)
     assert acc == committed.spec["results"]["1"]["mtp"]["acceptance_rate"] and 0 < acc < 1
@@ -285,7 +289,7 @@ def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
     run = tmp_path / "seq"
     shutil.copytree(tiny_runs["sequential"], run)
     report = run_specbench(run, prompts="humaneval,heldout", limit=2, max_new_tokens=8, repeats=1,
-                           primary="heldout-greedy", show_progress=False)
+                           primary="heldout-greedy", peers="primary", show_progress=False)
     folder = results.RunFolder(run)
     primary = results.spec_condition(folder.spec)
     assert primary["name"] == "heldout-greedy" and report["conditions"][1] == primary
@@ -293,6 +297,10 @@ def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
         assert results._spec(1, results.MTP_METHOD, key)(folder) == primary["results"]["1"]["mtp"][key]
     humaneval = results.spec_condition(folder.spec, "humaneval-greedy")
     assert humaneval["prompts"]["source"] == "humaneval" and results.spec_condition(folder.spec, "nope") == {}
+    # --peers primary: the Hugging Face peers are timed in the primary condition only, and say so elsewhere
+    assert {"hf_generate", "hf_prompt_lookup"} <= set(primary["results"]["1"])
+    assert set(humaneval["results"]["1"]) == {"greedy", "mtp"}
+    assert "primary condition only" in humaneval["skipped"]["1"]["hf_generate"]
 
 
 def test_recipe_specbench_section():

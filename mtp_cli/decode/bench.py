@@ -53,6 +53,8 @@ LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "
           "sample": "ours, plain sampling"}
 SAMPLED_LABELS = {"mtp": "ours, MTP speculative sampling", "hf_generate": "HF generate (sampling)"}
 SAMPLED_SKIP = "measured at temperature 0 only, to keep the benchmark's cost down"
+PRIMARY_ONLY_SKIP = "peers timed in the primary condition only (--peers primary)"
+PEER_SCOPES = ("all", "primary")
 SAMPLE_SEED = 0
 ACCEPTANCE_INTERVAL = ("95% percentile bootstrap of accepted/drafted (ratio of sums) over prompts (batch size 1) "
                        "or batches (larger batch sizes), first timed repeat")
@@ -82,26 +84,28 @@ def run_specbench(run_dir, prompts: str | Sequence[str] = "humaneval", limit: in
                   max_new_tokens: int = 128, batch_sizes: Sequence[int] = (1,), repeats: int = 5,
                   draft_len: int | None = None, draft_run=None, json_path=None, show_progress: bool = True,
                   gsm8k_data=None, threads: int | None = None, temperatures: Sequence[float] = (0.0,),
-                  primary: str | None = None, compile: bool | None = None) -> dict:
+                  primary: str | None = None, compile: bool | None = None, peers: str = "all") -> dict:
     """Benchmark one run on every prompt source (comma-separated or a list) × temperature; writes the
     report to `json_path` (default `<run>/specbench.json`) and returns it. `primary` names the headline
-    condition (default: the first). `threads` sets torch's intra-op threads (default: as they are); `compile` our decoders'
+    condition (default: the first); `peers` = "primary" times the Hugging Face peers in that condition only. `threads` sets torch's intra-op threads (default: as they are); `compile` our decoders'
     torch.compile switch (None: the device's default)."""
     batch_sizes = _check_args(limit, max_new_tokens, batch_sizes, repeats)
     conditions, primary = plan_conditions(prompts, temperatures, primary)
+    if peers not in PEER_SCOPES:
+        raise UserError(f"--peers must be one of {', '.join(PEER_SCOPES)}, got {peers!r}")
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
     saved = torch.get_num_threads()
     torch.set_num_threads(threads or saved)
     try:
         return _specbench(run_dir, conditions, primary, limit, max_new_tokens, batch_sizes, repeats, draft_len,
-                          draft_run, json_path, show_progress, gsm8k_data, compile)
+                          draft_run, json_path, show_progress, gsm8k_data, compile, peers)
     finally:
         torch.set_num_threads(saved)
 
 
 def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_new_tokens, batch_sizes, repeats,
-               draft_len, draft_run, json_path, show_progress, gsm8k_data, compile) -> dict:
+               draft_len, draft_run, json_path, show_progress, gsm8k_data, compile, peers="all") -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     compile = default_compile(device) if compile is None else compile
     run = load_run(run_dir, device)
@@ -113,7 +117,8 @@ def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_ne
     k = draft_len_for(model, draft_len) if model.n_extra else None
     hf = _hf_model(run)
     hf_draft = _hf_model(draft) if draft is not None else None
-    plans = [(c, *_runners(c, run, hf, hf_draft, max_new_tokens, k, compile)) for c in conditions]
+    plans = [(c, *_runners(c, run, hf, hf_draft, max_new_tokens, k, compile, peers == "all" or c.name == primary))
+             for c in conditions]
 
     report = _header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
     report["environment"]["compile"] = compile
@@ -195,16 +200,18 @@ def _applicable(runners: dict, bs: int) -> dict:
 
 # ---- the methods ----------------------------------------------------------------------------------
 def _runners(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
-             compile: bool) -> tuple[dict, dict]:
+             compile: bool, with_peers: bool = True) -> tuple[dict, dict]:
     """The methods measured in one condition, and {method: why not} for the peers left out."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
     runners = {condition.baseline: _ours_plain(model, max_new_tokens, eos, compile, t)}
     if k:
         runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, compile, t)
-    runners["hf_generate"] = _hf_runner(hf, tokenizer, max_new_tokens, {}, t)
     peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     if hf_draft is not None:
         peers["hf_assisted"] = {"assistant_model": hf_draft}
+    if not with_peers:
+        return runners, {name: PRIMARY_ONLY_SKIP for name in ["hf_generate", *peers]}
+    runners["hf_generate"] = _hf_runner(hf, tokenizer, max_new_tokens, {}, t)
     if t > 0:
         return runners, {name: SAMPLED_SKIP for name in peers}
     return runners | {name: _hf_runner(hf, tokenizer, max_new_tokens, extra, t) for name, extra in peers.items()}, {}
