@@ -394,7 +394,8 @@ STAGE_FUNCS = {"train": _train, "export": _export, "eval": _eval, "specbench": _
 def _preflight_eval(ab: Ablation) -> None:
     """Before any training: the eval stage's GSM8K data and specbench's prompts must be there (not found
     out after the training)."""
-    from mtp_cli.decode.prompts import load_prompts
+    from mtp_cli.decode.conditions import plan_conditions
+    from mtp_cli.decode.prompts import HELDOUT, load_prompts
     from mtp_cli.evals import gsm8k
 
     checked = set()
@@ -403,9 +404,13 @@ def _preflight_eval(ab: Ablation) -> None:
             gsm8k.preflight(cell.gsm8k)
             checked.add(("gsm8k", cell.gsm8k))
         spec = cell.recipe.specbench
-        if "specbench" in cell.pending and (spec.prompts, cell.gsm8k) not in checked:
-            load_prompts(spec.prompts, spec.limit, cell.gsm8k)
-            checked.add((spec.prompts, cell.gsm8k))
+        if "specbench" not in cell.pending:
+            continue
+        conditions, _ = plan_conditions(spec.prompts, spec.temperatures, spec.primary)
+        for source in {c.source for c in conditions} - {HELDOUT}:  # heldout: the run's own data, made by training
+            if (source, cell.gsm8k) not in checked:
+                load_prompts(source, spec.limit, cell.gsm8k)
+                checked.add((source, cell.gsm8k))
 
 
 def _check_output_folder(results_dir: Path) -> None:

@@ -89,6 +89,15 @@ def test_ablate_dry_run_exits_2_without_gsm8k_data(tmp_path, monkeypatch, capsys
     assert code == 2 and "elsewhere does not exist" in err
 
 
+@pytest.mark.parametrize("recipe", ["quick", "cpu-posthoc", "depth", "cpu-small"])
+def test_shipped_offline_recipes_plan(recipe, tmp_path, capsys, monkeypatch):
+    """Each offline recipe passes the checks a real run makes first (several prompt sources, heldout among them)."""
+    monkeypatch.delenv(paths.GSM8K_ENV, raising=False)
+    code, out, err = mtp("ablate", "--recipe", recipe, "--dry-run", "--results-root", tmp_path / "res", capsys=capsys)
+    assert code == 0, err
+    assert "total" in out
+
+
 def test_ablate_dry_run_checks_the_output_folder(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     code, _, err = mtp("ablate", "--recipe", "quick", "--dry-run", "--results-root", tmp_path / "file", capsys=capsys)
