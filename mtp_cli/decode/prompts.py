@@ -9,6 +9,7 @@ prompt per non-empty line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -91,12 +92,18 @@ def heldout_prompts(run, limit: int | None, prompt_tokens: int = HELDOUT_PROMPT_
     from mtp_cli.data import shards
     from mtp_cli.data import tokenizer as toklib
 
-    data = shards.prepare(run.recipe.data, run.recipe.model.vocab_size)
+    cfg = run.recipe.data
+    if cfg.source == "self":  # self-distilled text is the trunk's own output: take prompts where its prompts came from,
+        if cfg.self_prompts == "humaneval":  # as every other variant of the comparison does
+            raise UserError("this run was self-distilled from HumanEval prompts, which have no validation split: "
+                            "use --prompts humaneval")
+        cfg = dataclasses.replace(cfg, source=cfg.self_prompts)
+    data = shards.prepare(cfg, run.recipe.model.vocab_size)
     if toklib.fingerprint(data.tokenizer) != toklib.fingerprint(run.tokenizer):
         raise UserError(f"the validation split rebuilt from {run.run_dir}'s recipe uses a different tokenizer than "
                         "the run: heldout prompts would be meaningless (use another prompt set)")
     prompts = cut_windows(np.asarray(data.val), data.tokenizer.eos_token_id, prompt_tokens, limit)
-    return prompts, f"validation split ({run.recipe.data.source}, val_fraction {run.recipe.data.val_fraction})"
+    return prompts, f"validation split ({cfg.source}, val_fraction {cfg.val_fraction})"
 
 
 def cut_windows(tokens: np.ndarray, eos: int, length: int, limit: int | None) -> list[list[int]]:
