@@ -193,8 +193,9 @@ def inference_section(r: ResultSet) -> Section:
                   "one seed: the speed intervals are 95% bootstrap intervals of the median over timed repeats")
     mtp_notes = ["acceptance = accepted / drafted tokens; [lo, hi]: 95% bootstrap over prompts (seeds fixed), and "
                  "over seeds then prompts (the same prompts for every seed)",
-                 "degenerate: share of outputs that are degenerate (e.g. one token repeated); whitespace: share of "
-                 "the decoded text that is whitespace — high acceptance on such text says little about real text",
+                 "degenerate: share of our plain decoder's generated tokens inside a repetition loop (an n-gram, "
+                 "n ≤ 16, repeated at least 3 times in a row); whitespace: share of its outputs that are whitespace "
+                 "only — high acceptance on such text says little about real text",
                  "speedup = MTP speculative tokens/s ÷ our plain greedy tokens/s on the same prompts, end to end; "
                  "ideal = MAL · T_step / (T_verify + T_draft) from measured parts: the gap is our overhead",
                  "lossless: the speculative output equals plain greedy on every prompt",
