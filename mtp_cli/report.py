@@ -411,6 +411,17 @@ def settings_table(r: ResultSet) -> Table:
 
 
 # ---- render ---------------------------------------------------------------------------------------------
+def incomplete_note(results_dir: Path) -> str:
+    """One sentence naming the runs of the recipe's grid that lack a stage ("" when none do)."""
+    from mtp_cli.launch.status import missing_runs
+
+    missing = missing_runs(results_dir)
+    if not missing:
+        return ""
+    runs = "; ".join(f"{name} ({', '.join(stages)})" for name, stages in missing)
+    return f"Incomplete: {len(missing)} run(s) of the grid lack stages, so the tables show only what is stored: {runs}."
+
+
 def render_report(results_dir: str | Path, console: Console | None = None) -> Path:
     """Write REPORT.md and plots/*.png into `results_dir` from its stored results; print the tables."""
     r = load(results_dir)
@@ -425,7 +436,11 @@ def render_report(results_dir: str | Path, console: Console | None = None) -> Pa
         head += [description, ""]
     head += [f"Rendered by `mtp report {_shown_path(r.dir)}` from stored results (`summary.csv` has one row per run). "
              "Training evidence and inference evidence answer different questions and are never mixed. "
-             f"{provenance(r)}", "", settings_table(r).markdown()]
+             f"{provenance(r)}", ""]
+    missing = incomplete_note(r.dir)
+    if missing:
+        head += [f"**{missing}**", ""]
+    head += [settings_table(r).markdown()]
     body = []
     for s in sections:
         body += [f"## {s.title}", ""]
@@ -440,6 +455,8 @@ def render_report(results_dir: str | Path, console: Console | None = None) -> Pa
     tmp.write_text("\n".join(head + body).rstrip() + "\n")
     tmp.replace(path)
     if console is not None:
+        if missing:
+            console.print(missing, style="bold yellow", markup=False)
         console.print(settings_table(r).rich())
         for s in sections:
             if s.tables:

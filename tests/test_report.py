@@ -82,6 +82,17 @@ def test_one_seed_says_so(tiny_ablation, tmp_path, no_training):
     assert "paired t" not in text
 
 
+def test_report_names_the_runs_that_lack_stages(tiny_ablation, tmp_path, no_training):
+    folder = tmp_path / "partial"
+    shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
+    assert "Incomplete" not in report.render_report(folder).read_text()
+    victim = sorted((folder / results.RUNS).iterdir())[-1]
+    (victim / results.SPEC_JSON).unlink()
+    text = report.render_report(folder).read_text()
+    line = next(line for line in text.splitlines() if "Incomplete" in line)
+    assert "Incomplete: 1 run(s) of the grid lack stages" in line and victim.name in line and "specbench" in line
+
+
 def test_report_cli_and_bad_folder(tiny_ablation, tmp_path, capsys, no_training):
     folder = tmp_path / "cli"
     shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
