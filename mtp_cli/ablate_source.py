@@ -130,5 +130,6 @@ def run_baseline(ab, show_progress: bool = True) -> Path:
     path = baseline_json(ab.results_dir)
     ui.console.print(f"baseline: evaluating {baseline_source(ab)} as it is", highlight=False)
     run_eval(tasks=tuple(cfg.tasks), limit={t: cfg.limit(t) or 0 for t in cfg.tasks}, gsm8k_data=gsm8k_data(ab.recipe),
-             json_path=path, show_progress=show_progress, hf=baseline_source(ab), recipe=str(ab.source))
+             json_path=path, show_progress=show_progress, hf=baseline_source(ab), recipe=str(ab.source),
+             truncate=cfg.truncate, gsm8k_fewshot=cfg.gsm8k_fewshot)  # exactly the runs' eval settings
     return path

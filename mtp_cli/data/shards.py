@@ -11,6 +11,7 @@ run would have, and under DDP every rank takes its slice of the same global batc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ from transformers import PreTrainedTokenizerFast
 
 from mtp_cli.config import DataConfig
 from mtp_cli.data import sources, tokenizer as toklib
+from mtp_cli.errors import UserError
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -119,6 +121,18 @@ def prepare_for(recipe, show_progress: bool = False) -> TokenData:
 
         docs = selfdistill.documents(recipe.data, recipe.train.init_from, cache_root(recipe.data), show_progress)
     return prepare(recipe.data, recipe.model.vocab_size, docs)
+
+
+def comparison_config(cfg):
+    """The data a run is compared on (held-out loss, heldout specbench prompts): its own, except for a
+    self-distilled run, whose text is its trunk's output: then the corpus its prompts came from, as
+    every other variant of the comparison is measured on."""
+    if cfg.source != "self":
+        return cfg
+    if cfg.self_prompts == "humaneval":
+        raise UserError("this run was self-distilled from HumanEval prompts, which have no validation split "
+                        "to compare on: use --text FILE for held-out loss and --prompts humaneval for specbench")
+    return dataclasses.replace(cfg, source=cfg.self_prompts)
 
 
 def train_batch(tokens: np.ndarray, step: int, seed: int, batch: int, context: int,

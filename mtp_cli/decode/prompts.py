@@ -9,7 +9,6 @@ prompt per non-empty line.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -92,12 +91,7 @@ def heldout_prompts(run, limit: int | None, prompt_tokens: int = HELDOUT_PROMPT_
     from mtp_cli.data import shards
     from mtp_cli.data import tokenizer as toklib
 
-    cfg = run.recipe.data
-    if cfg.source == "self":  # self-distilled text is the trunk's own output: take prompts where its prompts came from,
-        if cfg.self_prompts == "humaneval":  # as every other variant of the comparison does
-            raise UserError("this run was self-distilled from HumanEval prompts, which have no validation split: "
-                            "use --prompts humaneval")
-        cfg = dataclasses.replace(cfg, source=cfg.self_prompts)
+    cfg = shards.comparison_config(run.recipe.data)
     data = shards.prepare(cfg, run.recipe.model.vocab_size)
     if toklib.fingerprint(data.tokenizer) != toklib.fingerprint(run.tokenizer):
         raise UserError(f"the validation split rebuilt from {run.run_dir}'s recipe uses a different tokenizer than "

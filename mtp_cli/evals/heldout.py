@@ -119,17 +119,19 @@ def score_tokens(model: MTPModel, tokenizer, tokens: np.ndarray, limit: int | No
 
 def report(run, limit: int | None = None, text: str | Path | None = None, progress=None) -> dict:
     """`results.heldout`: the validation split of the run's data (and `text`, if given)."""
-    data = shards.prepare_for(run.recipe)
+    cfg = shards.comparison_config(run.recipe.data)
+    data = shards.prepare(cfg, run.recipe.model.vocab_size) if cfg is not run.recipe.data else shards.prepare_for(run.recipe)
     if toklib.fingerprint(data.tokenizer) != toklib.fingerprint(run.tokenizer):
         raise UserError(f"the validation split rebuilt from {run.run_dir}'s recipe uses a different tokenizer "
                         "than the run; held-out loss would be meaningless (use --text FILE)")
     out = score_tokens(run.model, run.tokenizer, data.val, limit, progress, "heldout: validation")
-    out["source"] = f"validation split ({run.recipe.data.source}, val_fraction {run.recipe.data.val_fraction})"
-    n_train = min(run.recipe.train.eval_batches * run.recipe.train.batch_size, out["n_windows"])
-    first = [w["loss"] for w in out["windows"][:n_train]]
-    out["train_val"] = {"windows": n_train, "loss": sum(first) / len(first),
-                        "note": f"training's val_loss: the first eval_batches x batch_size = {n_train} of these "
-                                f"{out['n_windows']} windows"}
+    out["source"] = f"validation split ({cfg.source}, val_fraction {cfg.val_fraction})"
+    if cfg is run.recipe.data:  # a self-distilled run validated on its own text, not on these windows
+        n_train = min(run.recipe.train.eval_batches * run.recipe.train.batch_size, out["n_windows"])
+        first = [w["loss"] for w in out["windows"][:n_train]]
+        out["train_val"] = {"windows": n_train, "loss": sum(first) / len(first),
+                            "note": f"training's val_loss: the first eval_batches x batch_size = {n_train} of these "
+                                    f"{out['n_windows']} windows"}
     if text is not None:
         path = Path(text)
         try:
