@@ -34,7 +34,8 @@ def cell_spec(ab, cell) -> dict:
 
     return {"recipe_name": ab.recipe.name, "fingerprint": ab.fingerprint, "source": str(ab.source),
             "results_dir": str(ab.results_dir), "variant": asdict(cell.variant), "seed": cell.seed,
-            "recipe": cell.recipe.to_dict(), "run_dir": str(cell.run_dir)}
+            "recipe": cell.recipe.to_dict(), "run_dir": str(cell.run_dir),
+            "gsm8k": str(cell.gsm8k.resolve()) if cell.gsm8k else None}  # as resolved where the grid was submitted
 
 
 def cell_from_spec(spec: dict):
@@ -43,7 +44,8 @@ def cell_from_spec(spec: dict):
     from mtp_cli.config import Recipe, Variant, from_dict, recipe_from_dict
 
     cell = ablate.Cell(from_dict(Variant, spec["variant"], "variant"), int(spec["seed"]),
-                       recipe_from_dict(spec["recipe"]), Path(spec["run_dir"]))
+                       recipe_from_dict(spec["recipe"]), Path(spec["run_dir"]),
+                       gsm8k=Path(spec["gsm8k"]) if spec.get("gsm8k") else None)
     ab = ablate.Ablation(Recipe(name=spec["recipe_name"]), Path(spec["source"]), Path(spec["results_dir"]),
                          [cell], spec["fingerprint"])
     return ab, cell
