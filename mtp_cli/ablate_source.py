@@ -44,7 +44,7 @@ def check(ab) -> str:
     cell's recipe now when its checkpoint is already there."""
     from mtp_cli.model import pretrained
 
-    todo, notes = "", set()
+    pending, notes = "", set()
     produced = source_run_dir(ab.results_dir, ab.recipe)
     for cell in ab.cells:
         init_from = cell.recipe.train.init_from
@@ -57,7 +57,7 @@ def check(ab) -> str:
                     " and the recipe has no [source] table saying how to make it"
                 raise UserError(f"{cell.name}: train.init_from {init_from} does not exist{where}")
             _check_source_recipe(ab.recipe)
-            todo = SOURCE
+            pending = SOURCE
             continue
         if not _is_local(init_from) and not pretrained.in_hub_cache(init_from):
             notes.add(f"note: {init_from} is not in the local Hugging Face cache; it is downloaded and checked "
@@ -66,7 +66,7 @@ def check(ab) -> str:
         pretrained.resolve_recipe(cell.recipe, cell.model_keys)
     for note in sorted(notes):
         ui.console.print(note, markup=False, highlight=False)
-    return todo
+    return pending
 
 
 def _check_source_recipe(recipe) -> None:

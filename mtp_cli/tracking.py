@@ -16,6 +16,7 @@ import math
 import netrc
 import os
 import uuid
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -61,17 +62,17 @@ def scalars(row: dict) -> dict[str, float]:
     return out
 
 
-class Tracker:
+class Tracker(ABC):
     """One run's tracker in one process; `log` takes metrics.jsonl rows."""
 
-    def log(self, row: dict) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def log(self, row: dict) -> None: ...
 
-    def log_scalars(self, values: dict[str, float], step: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def log_scalars(self, values: dict[str, float], step: int) -> None: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None: ...
 
 
 class TensorBoardTracker(Tracker):

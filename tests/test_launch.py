@@ -288,11 +288,11 @@ def test_local_executor_grid_equals_the_local_launcher(tiny_ablation, tmp_path, 
     pd.testing.assert_frame_equal(summary_a[same], summary_b[same])
 
 
-@pytest.mark.slow
-def test_a_killed_training_job_is_resumed_by_the_rerun(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    recipe = tmp_path / "kill.toml"
-    recipe.write_text(ablation_toml("kill", steps=STEPS, eval_tasks=(), specbench=False, ckpt_every=100,
+def _submit_until_first_checkpoint(tmp_path, name: str):
+    """A one-variant grid submitted through the local executor in the background, once its training job
+    has written its first checkpoint: (plan, run folder, training job record, the submission's thread)."""
+    recipe = tmp_path / f"{name}.toml"
+    recipe.write_text(ablation_toml(name, steps=STEPS, eval_tasks=(), specbench=False, ckpt_every=100,
                                     variants='[[variants]]\nname = "ntp"\n'))
     ab = ablate.plan(recipe, results_root=tmp_path / "res")
     ablate.write_lock(ab)
@@ -306,6 +306,13 @@ def test_a_killed_training_job_is_resumed_by_the_rerun(tmp_path, monkeypatch):
     while not (run / "checkpoint.pt").is_file():
         assert time.time() < deadline and submit.job_state(job) == "running"
         time.sleep(0.2)
+    return ab, run, job, submission
+
+
+@pytest.mark.slow
+def test_a_killed_training_job_is_resumed_by_the_rerun(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ab, run, job, submission = _submit_until_first_checkpoint(tmp_path, "kill")
     _kill_tree(int(job["job_id"]))  # the job controller and everything under it, as a node failure would
     deadline = time.time() + 30
     while submit.job_state(job) == "running":
@@ -316,9 +323,9 @@ def test_a_killed_training_job_is_resumed_by_the_rerun(tmp_path, monkeypatch):
     assert step < STEPS and submit.job_state(job) == "failed"
     submission.join(60)  # it followed the training (no dependencies here) and stops with it
     assert not submission.is_alive()
-    row = launch_status.grid_status(ablate.plan(recipe, results_root=tmp_path / "res"))[0]
+    row = launch_status.grid_status(ablate.plan(ab.source, results_root=tmp_path / "res"))[0]
     assert (row.stage, row.state, row.job_id) == ("train", "failed", job["job_id"])
-    ab = _local_executor(recipe, tmp_path / "res")
+    ab = _local_executor(ab.source, tmp_path / "res")
     assert not ab.failures, ab.failures
     assert submit.read_jobs(run)["train"]["job_id"] != job["job_id"]
     lines = (run / "metrics.jsonl").read_text().splitlines()
@@ -358,21 +365,7 @@ def test_a_preempted_training_is_requeued_and_resumes_from_its_checkpoint(tmp_pa
     checkpoint(), which stops torchrun, and requeues the job (the local executor restarts it in place);
     the training goes on from its last checkpoint."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    recipe = tmp_path / "pre.toml"
-    recipe.write_text(ablation_toml("pre", steps=STEPS, eval_tasks=(), specbench=False, ckpt_every=100,
-                                    variants='[[variants]]\nname = "ntp"\n'))
-    ab = ablate.plan(recipe, results_root=tmp_path / "res")
-    ablate.write_lock(ab)
-    settings = ablate._launch_settings(ab, {"kind": "slurm", "gpus_per_node": 0}, None, False)
-    submission = _in_background(submit.submit_ablation, ab, settings, show_progress=False, cluster="local", poll_s=0.2)
-    run = ab.cells[0].run_dir
-    while "train" not in submit.read_jobs(run):
-        time.sleep(0.1)
-    job = submit.read_jobs(run)["train"]
-    deadline = time.time() + 300
-    while not (run / "checkpoint.pt").is_file():
-        assert time.time() < deadline and submit.job_state(job) == "running"
-        time.sleep(0.2)
+    ab, run, job, submission = _submit_until_first_checkpoint(tmp_path, "pre")
     controller = int(job["job_id"])
     (task,) = [int(x) for x in Path(f"/proc/{controller}/task/{controller}/children").read_text().split()]
     os.kill(task, signal.SIGUSR2)
