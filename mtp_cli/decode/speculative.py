@@ -183,7 +183,7 @@ class SequentialDrafter(_ModuleDrafter):
         self._store(start, hidden)
 
     def _draft(self, d: int, h: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
-        return _pick(self.engine.head(h, self.engine.sequential[d - 1].out_norm), temperature, top_p, generator)
+        return _pick(self.engine.head(h, self.engine.sequential[d - 1].unembed), temperature, top_p, generator)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
         engine = self.engine
