@@ -385,7 +385,7 @@ def _specbench(cell: Cell, view: GridView) -> None:
                   batch_sizes=tuple(cfg.batch_sizes), repeats=cfg.repeats, draft_len=cfg.draft_len,
                   json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested,
                   gsm8k_data=cell.gsm8k, temperatures=tuple(cfg.temperatures), primary=cfg.primary,
-                  peers=cfg.peers)
+                  peers=cfg.peers, draft_vocab=cfg.draft_vocab)
 
 
 STAGE_FUNCS = {"train": _train, "export": _export, "eval": _eval, "specbench": _specbench}

@@ -74,6 +74,7 @@ class LoadedRun:
     model: MTPModel
     tokenizer: Any
     step: int
+    token_counts: torch.Tensor | None = None  # training-token counts (decode/draft_vocab.py); None before they were stored
 
 
 def recipe_of_run(run_dir: Path) -> Recipe:
@@ -107,4 +108,4 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     except RuntimeError as exc:
         raise UserError(f"checkpoint in {run_dir} does not match its recipe: {str(exc).splitlines()[0]}") from None
     model.to(device).eval()
-    return LoadedRun(run_dir, recipe, model, tok, int(state["step"]))
+    return LoadedRun(run_dir, recipe, model, tok, int(state["step"]), state.get("token_counts"))

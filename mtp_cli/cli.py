@@ -163,6 +163,8 @@ def generate(
     speculative: bool = typer.Option(False, "--speculative", help="Let the run's MTP modules draft and the trunk verify "
                                                                    "(greedy: the same text; sampling: the same distribution)."),
     draft_len: Optional[int] = typer.Option(None, help="Drafts per step with --speculative (default: one per module/head)."),
+    draft_vocab: Optional[int] = typer.Option(None, help="With --speculative: draft from this many of the most frequent "
+                                                         "training tokens (default: a quarter of the vocabulary; 0: all)."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
                                                                                 "(default: on CUDA only; on CPU it is no faster)."),
@@ -172,7 +174,7 @@ def generate(
 
     _use_threads(threads)
     result = complete(run, prompt, max_new_tokens, temperature, top_p, seed, speculative=speculative,
-                      draft_len=draft_len, compile=compile)
+                      draft_len=draft_len, compile=compile, draft_vocab=draft_vocab)
     ui.out.print(prompt + result["text"], markup=False, highlight=False)
     ui.console.print(f"{result['tokens']} tokens in {result['seconds']:.2f} s", highlight=False)
     if speculative:
@@ -199,6 +201,9 @@ def specbench(
     repeats: int = typer.Option(5, help="Timed repeats after the warm-up (medians and 95% intervals over them)."),
     draft_len: Optional[int] = typer.Option(None, help="Drafts per step (default: one per MTP module/head; sequential "
                                                        "modules can draft further by reusing the last one)."),
+    draft_vocab: Optional[int] = typer.Option(None, help="The MTP modules draft from this many of the most frequent "
+                                                         "training tokens; the trunk verifies over all, so the output "
+                                                         "is unchanged (default: a quarter of the vocabulary; 0: all)."),
     draft: Optional[Path] = typer.Option(None, help="A smaller NTP run with the same tokenizer: adds HF assisted generation with it as the draft model."),
     gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K test.jsonl for --prompts gsm8k "
                                               "[default: $MTP_GSM8K_DATA, else the repository's data/gsm8k]."),
@@ -216,7 +221,7 @@ def specbench(
                            batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
                            draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads,
                            temperatures=_float_list(temperatures, "--temperatures"), primary=primary, compile=compile,
-                           peers=peers)
+                           peers=peers, draft_vocab=draft_vocab)
     ui.out.print(render_table(report))
     if report["no_mtp_reason"]:
         ui.out.print(f"no MTP row: {report['no_mtp_reason']}", markup=False)

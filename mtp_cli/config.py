@@ -266,6 +266,7 @@ class SpecbenchConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     repeats: int = 5
     draft_len: int | None = None  # None: the run's own number of modules/heads
+    draft_vocab: int | None = None  # the modules draft from this many most frequent training tokens (None: V/4; 0: all)
     peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
 
     def validate(self) -> None:
@@ -278,6 +279,8 @@ class SpecbenchConfig:
             raise UserError(f"specbench.batch_sizes must be a non-empty list of sizes >= 1, got {self.batch_sizes}")
         if self.draft_len is not None and self.draft_len < 1:
             raise UserError(f"specbench.draft_len must be >= 1, got {self.draft_len}")
+        if self.draft_vocab is not None and self.draft_vocab < 0:
+            raise UserError(f"specbench.draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
         from mtp_cli.decode.conditions import plan_conditions  # the one place conditions and their names are made
 
         plan_conditions(self.prompts, self.temperatures, self.primary)

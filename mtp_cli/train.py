@@ -36,6 +36,7 @@ from mtp_cli.evals import heldout
 from mtp_cli.model import MTPModel, parallel_backward, pretrained
 from mtp_cli.model.trunk import compile_blocks
 from mtp_cli.schedule import lr_at
+from mtp_cli.decode.draft_vocab import count_tokens
 
 # Keys of train.* that may change between an interrupted run and its resumption.
 RESUMABLE_TRAIN_KEYS = {"steps", "log_every", "eval_every", "ckpt_every", "eval_batches", "compile", "device", "track"}
@@ -283,7 +284,9 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         ckpt.write_json(out / ckpt.RUN_JSON, summary)
 
     tok_fp = toklib.fingerprint(data.tokenizer)
-    save = lambda step: ckpt.save_checkpoint(out, model, optimizer, step, recipe, {"tokenizer_fingerprint": tok_fp})  # noqa: E731
+    counts = count_tokens(data.train, recipe.model.vocab_size)  # the drafters' vocabulary (decode/draft_vocab.py)
+    save = lambda step: ckpt.save_checkpoint(out, model, optimizer, step, recipe,  # noqa: E731
+                                             {"tokenizer_fingerprint": tok_fp, "token_counts": counts})
     metrics_file = open(out / ckpt.METRICS, "a") if ddp.main else None
     tracker = tracking.open_tracker(recipe, out, start_step if do_resume else None, new_run=not do_resume) \
         if ddp.main else None

@@ -32,6 +32,7 @@ def main() -> None:
     import torch
 
     from mtp_cli.config import ModelConfig, MTPConfig
+    from mtp_cli.decode.draft_vocab import DEFAULT_SHARE
     from mtp_cli.decode.engine import Engine
     from mtp_cli.decode.generate import prefill
     from mtp_cli.decode.speculative import ParallelDrafter, SequentialDrafter
@@ -63,11 +64,14 @@ def main() -> None:
                 if compiled:
                     print(f"compiled width {width}: first call {time.perf_counter() - t0:.1f} s")
                 parts[f"{'compiled' if compiled else 'eager'} width {width}"] = forward
-        for name, model, cls in (("draft sequential D=1", sequential, SequentialDrafter),
-                                 ("draft parallel head", parallel, ParallelDrafter)):
+        vocab = torch.arange(0, cfg.vocab_size, DEFAULT_SHARE)  # a quarter of the vocabulary, as the default
+        for name, model, cls, dv in (("draft sequential D=1", sequential, SequentialDrafter, None),
+                                     ("draft seq D=1, V/4", sequential, SequentialDrafter, vocab),
+                                     ("draft parallel head", parallel, ParallelDrafter, None),
+                                     ("draft par head, V/4", parallel, ParallelDrafter, vocab)):
             engine = Engine(model.trunk, model)
             cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
-            drafter = cls(engine, model, 1, 1, cfg.context + 8)
+            drafter = cls(engine, model, 1, 1, cfg.context + 8, dv)
             seq = torch.zeros(1, cfg.context + 8, dtype=torch.long)
             seq[0, :P] = torch.tensor(prompt)
             lengths = torch.tensor([P])
@@ -94,8 +98,8 @@ def main() -> None:
         print(f"{tag}: t_verify(k+1) / t_step " + "  ".join(f"k={w - 1}: {med[f'{tag} width {w}'] / step:.2f}"
                                                            for w in (2, 3, 4)))
     step = med["eager width 1"]
-    print(f"t_draft / t_step (eager): sequential D=1 {med['draft sequential D=1'] / step:.2f}, "
-          f"parallel head {med['draft parallel head'] / step:.2f}")
+    print("t_draft / t_step (eager): " + ", ".join(f"{name[6:]} {med[name] / step:.2f}" for name in med
+                                                    if name.startswith("draft")))
     if not args.no_compile:
         print(f"compiled / eager step: {med['compiled width 1'] / step:.2f}")
     step_bytes = sum(p.numel() * p.element_size() for n, p in sequential.trunk.named_parameters()

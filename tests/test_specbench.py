@@ -186,6 +186,13 @@ def test_generate_speculative_prints_the_same_text(tiny_runs, capsys):
     assert code == 2 and "no MTP modules" in err
     code, _, err = mtp("generate", tiny_runs["sequential"], "--prompt", "x", "--draft-len", 2, capsys=capsys)
     assert code == 2 and "--draft-len needs --speculative" in err
+    code, _, err = mtp("generate", tiny_runs["sequential"], "--prompt", "x", "--draft-vocab", 64, capsys=capsys)
+    assert code == 2 and "--draft-vocab needs --speculative" in err
+    code, _, err = mtp("generate", tiny_runs["sequential"], "--prompt", "x", "--speculative", "--draft-vocab", -1,
+                       capsys=capsys)
+    assert code == 2 and "--draft-vocab must be >= 0" in err
+    code, same, _ = mtp(*args, "--speculative", "--draft-vocab", 64, capsys=capsys)
+    assert code == 0 and same == plain
 
 
 # ---- schema 2: conditions, heldout prompts, the text timed, acceptance per prompt ------------------
@@ -226,6 +233,8 @@ def test_conditions_report(tiny_runs, tmp_path):
                            json_path=tmp_path / "c.json", show_progress=False)
     assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(report))
     assert report["schema"] == 2 and report["primary"] == "heldout-greedy" and "results" not in report
+    vocab = report["draft_vocab"]  # the default: a quarter of the vocabulary, the most frequent training tokens
+    assert vocab["size"] == vocab["vocab_size"] // 4 and 0.25 < vocab["training_share"] < 1
     greedy, sampled = report["conditions"]
     assert [greedy["name"], sampled["name"]] == ["heldout-greedy", "heldout-t0.8"]
     assert greedy["temperature"] == 0 and sampled["temperature"] == 0.8

@@ -235,3 +235,68 @@ def test_distribution_test_has_power(runs):
         drafts, _ = drafter.propose(seq, cache.lengths.clone(), temperature, 1.0, g)
     c2 = torch.bincount(drafts[:, 0], minlength=p2.shape[0]).double()
     assert _chi_square_pvalue(c2, p2) < 1e-6
+
+
+# ---- the draft vocabulary (decode/draft_vocab.py) ---------------------------------------------------
+def _small_vocab(run, size=64):
+    from mtp_cli.decode.draft_vocab import run_counts, top_tokens
+
+    return top_tokens(run_counts(run), size)
+
+
+@pytest.mark.parametrize("objective,draft_len", [("sequential", 1), ("sequential", 3), ("parallel", 2)])
+def test_draft_vocabulary_is_lossless_and_only_drafts_from_it(runs, objective, draft_len):
+    run = runs[objective]
+    prompts = encode(run)
+    vocab = _small_vocab(run)
+    expected = generate(run.model.trunk, prompts, 40)
+    assert speculative_generate(run.model, prompts, 40, draft_len=draft_len, draft_vocab=vocab) == expected
+    drafter = make_drafter(run.model, draft_len, 1, 64, draft_vocab=vocab)
+    with torch.no_grad():
+        cache, logits, hidden, shared = prefill(engine_for(run.model.trunk, run.model), prompts[:1], 64)
+        seq = torch.zeros(1, 64, dtype=torch.long)
+        seq[0, : len(prompts[0])] = torch.tensor(prompts[0])
+        seq[0, len(prompts[0])] = logits.argmax(-1)
+        drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)
+        drafts, _ = drafter.propose(seq, cache.lengths.clone(), 0.0, 1.0, None)
+        full = make_drafter(run.model, draft_len, 1, 64)
+        full.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)
+        first_full = full.propose(seq.clone(), cache.lengths.clone(), 0.0, 1.0, None)[0][0, 0]
+    assert set(drafts.flatten().tolist()) <= set(vocab.tolist())
+    if int(first_full) in set(vocab.tolist()):  # the subset's argmax is the full argmax when it lies inside
+        assert int(drafts[0, 0]) == int(first_full)
+
+
+def test_sampling_with_a_draft_vocabulary_preserves_the_distribution(runs):
+    model = runs["sequential"].model
+    prompt = encode(runs["sequential"])[0]
+    temperature, n = 0.8, 4000
+    p1, p2 = _first_two_token_law(model.trunk, prompt, temperature)
+    stats = SpecStats(2)
+    out = speculative_generate(model, [prompt] * n, 2, draft_len=2, temperature=temperature, stats=stats,
+                               generator=torch.Generator().manual_seed(1), draft_vocab=_small_vocab(runs["sequential"]))
+    assert min(stats.accepted, stats.drafted - stats.accepted) > 100
+    V = p1.shape[0]
+    assert _chi_square_pvalue(torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double(), p1) > 1e-3
+    assert _chi_square_pvalue(torch.bincount(torch.tensor([o[1] for o in out]), minlength=V).double(), p2) > 1e-3
+
+
+def test_top_tokens_and_coverage():
+    from mtp_cli.decode.draft_vocab import count_tokens, coverage, top_tokens
+
+    counts = count_tokens(torch.tensor([5, 5, 5, 2, 2, 7, 9, 9, 9, 9]).numpy(), 12)
+    assert counts.tolist() == [0, 0, 2, 0, 0, 3, 0, 1, 0, 4, 0, 0]
+    ids = top_tokens(counts, 3)
+    assert ids.tolist() == [2, 5, 9]  # ascending ids of the three most frequent
+    assert coverage(counts, ids) == 0.9
+    assert top_tokens(counts, 0) is None and top_tokens(counts, 12) is None and coverage(counts, None) == 1.0
+    assert top_tokens(torch.tensor([1, 1, 1, 1]), 2).tolist() == [0, 1]  # ties: lower id first
+
+
+def test_training_stores_token_counts(runs):
+    run = runs["sequential"]
+    from mtp_cli.data import shards
+    from mtp_cli.decode.draft_vocab import count_tokens
+
+    assert run.token_counts is not None
+    assert torch.equal(run.token_counts, count_tokens(shards.prepare_for(run.recipe).train, run.recipe.model.vocab_size))

@@ -52,7 +52,7 @@ def generate_texts(trunk, tokenizer, prompts: Sequence[str], max_new_tokens: int
 
 def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, speculative: bool = False, draft_len: int | None = None,
-             compile: bool | None = None) -> dict:
+             compile: bool | None = None, draft_vocab: int | None = None) -> dict:
     """`mtp generate`: one completion from a run's trunk. {'text', 'tokens', 'seconds'}, plus the drafting
     counters under 'speculative' when the run's MTP modules draft (greedy: the same text)."""
     import time
@@ -70,15 +70,22 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
         raise UserError("--prompt is empty")
     if draft_len is not None and not speculative:
         raise UserError("--draft-len needs --speculative")
+    if draft_vocab is not None and not speculative:
+        raise UserError("--draft-vocab needs --speculative")
     generator = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
     if speculative:
+        from mtp_cli.decode.draft_vocab import default_size, run_counts, top_tokens
         from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
 
         stats = SpecStats(draft_len_for(run.model, draft_len))
+        size = default_size(run.recipe.model.vocab_size) if draft_vocab is None else draft_vocab
+        if size < 0:
+            raise UserError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {size}")
+        vocab = top_tokens(run_counts(run), size) if 0 < size < run.recipe.model.vocab_size else None
         (out,) = speculative_generate(run.model, [ids], max_new_tokens, draft_len=stats.k, temperature=temperature,
                                       top_p=top_p, eos_id=run.tokenizer.eos_token_id, generator=generator, stats=stats,
-                                      compile=compile)
+                                      compile=compile, draft_vocab=vocab)
     else:
         (out,) = generate_ids(run.model.trunk, run.tokenizer, [ids], max_new_tokens, temperature=temperature,
                               top_p=top_p, generator=generator, compile=compile)

@@ -40,6 +40,7 @@ from mtp_cli.decode.conditions import Condition, plan_conditions
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
+from mtp_cli.decode.draft_vocab import coverage, default_size, run_counts, top_tokens
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
 from mtp_cli.decode.engine import default_compile, engine_for
 from mtp_cli.decode.timing import PhaseTimer, forward_costs
@@ -84,28 +85,34 @@ def run_specbench(run_dir, prompts: str | Sequence[str] = "humaneval", limit: in
                   max_new_tokens: int = 128, batch_sizes: Sequence[int] = (1,), repeats: int = 5,
                   draft_len: int | None = None, draft_run=None, json_path=None, show_progress: bool = True,
                   gsm8k_data=None, threads: int | None = None, temperatures: Sequence[float] = (0.0,),
-                  primary: str | None = None, compile: bool | None = None, peers: str = "all") -> dict:
+                  primary: str | None = None, compile: bool | None = None, peers: str = "all",
+                  draft_vocab: int | None = None) -> dict:
     """Benchmark one run on every prompt source (comma-separated or a list) × temperature; writes the
     report to `json_path` (default `<run>/specbench.json`) and returns it. `primary` names the headline
-    condition (default: the first); `peers` = "primary" times the Hugging Face peers in that condition only. `threads` sets torch's intra-op threads (default: as they are); `compile` our decoders'
-    torch.compile switch (None: the device's default)."""
+    condition (default: the first); `peers` = "primary" times the Hugging Face peers in that condition only.
+    `threads` sets torch's intra-op threads (default: as they are); `compile` our decoders'
+    torch.compile switch (None: the device's default); `draft_vocab` how many of the most frequent
+    training tokens the MTP modules draft from (None: a quarter of the vocabulary; 0: all of it)."""
     batch_sizes = _check_args(limit, max_new_tokens, batch_sizes, repeats)
     conditions, primary = plan_conditions(prompts, temperatures, primary)
     if peers not in PEER_SCOPES:
         raise UserError(f"--peers must be one of {', '.join(PEER_SCOPES)}, got {peers!r}")
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
+    if draft_vocab is not None and draft_vocab < 0:
+        raise UserError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
     saved = torch.get_num_threads()
     torch.set_num_threads(threads or saved)
     try:
         return _specbench(run_dir, conditions, primary, limit, max_new_tokens, batch_sizes, repeats, draft_len,
-                          draft_run, json_path, show_progress, gsm8k_data, compile, peers)
+                          draft_run, json_path, show_progress, gsm8k_data, compile, peers, draft_vocab)
     finally:
         torch.set_num_threads(saved)
 
 
 def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_new_tokens, batch_sizes, repeats,
-               draft_len, draft_run, json_path, show_progress, gsm8k_data, compile, peers="all") -> dict:
+               draft_len, draft_run, json_path, show_progress, gsm8k_data, compile, peers="all",
+               draft_vocab: int | None = None) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     compile = default_compile(device) if compile is None else compile
     run = load_run(run_dir, device)
@@ -115,12 +122,14 @@ def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_ne
     draft = _load_draft(draft_run, run, device) if draft_run else None
     model = run.model
     k = draft_len_for(model, draft_len) if model.n_extra else None
+    vocab, vocab_info = _draft_vocabulary(run, draft_vocab) if k else (None, None)
     hf = _hf_model(run)
     hf_draft = _hf_model(draft) if draft is not None else None
-    plans = [(c, *_runners(c, run, hf, hf_draft, max_new_tokens, k, compile, peers == "all" or c.name == primary))
-             for c in conditions]
+    plans = [(c, *_runners(c, run, hf, hf_draft, max_new_tokens, k, compile, peers == "all" or c.name == primary,
+                           vocab)) for c in conditions]
 
     report = _header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
+    report["draft_vocab"] = vocab_info
     report["environment"]["compile"] = compile
     n_tasks = sum(len(_applicable(runners, bs)) * (repeats + 1) for _, runners, _ in plans for bs in batch_sizes)
     with ui.progress(transient=True, disable=not show_progress) as bar:
@@ -179,6 +188,17 @@ def _prompt_ids(run, source: str, limit, max_new_tokens: int, gsm8k_data) -> tup
     return ids, info | ({"documents": origin} if origin else {})
 
 
+def _draft_vocabulary(run, size: int | None) -> tuple[torch.Tensor | None, dict]:
+    """The MTP modules' draft vocabulary (decode/draft_vocab.py) and what the report says of it."""
+    V = run.recipe.model.vocab_size
+    size = default_size(V) if size is None else size
+    if size == 0 or size >= V:
+        return None, {"size": V, "vocab_size": V, "training_share": 1.0}
+    counts = run_counts(run)
+    ids = top_tokens(counts, size)
+    return ids, {"size": size, "vocab_size": V, "training_share": coverage(counts, ids)}
+
+
 def _load_draft(draft_run, run, device):
     draft = load_run(draft_run, device)
     if toklib.fingerprint(draft.tokenizer) != toklib.fingerprint(run.tokenizer) \
@@ -200,12 +220,12 @@ def _applicable(runners: dict, bs: int) -> dict:
 
 # ---- the methods ----------------------------------------------------------------------------------
 def _runners(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
-             compile: bool, with_peers: bool = True) -> tuple[dict, dict]:
+             compile: bool, with_peers: bool = True, vocab: torch.Tensor | None = None) -> tuple[dict, dict]:
     """The methods measured in one condition, and {method: why not} for the peers left out."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
     runners = {condition.baseline: _ours_plain(model, max_new_tokens, eos, compile, t)}
     if k:
-        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, compile, t)
+        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, compile, t, vocab)
     peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     if hf_draft is not None:
         peers["hf_assisted"] = {"assistant_model": hf_draft}
@@ -232,13 +252,14 @@ def _ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature
     return run
 
 
-def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0) -> Runner:
+def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0,
+             vocab: torch.Tensor | None = None) -> Runner:
     def run(batch, tally):
         tally.stats, stats = tally.stats or SpecStats(k), SpecStats(k)
         before = tally.timer.total["prefill"]
         gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
         out = speculative_generate(model, batch, max_new_tokens, draft_len=k, temperature=temperature, eos_id=eos,
-                                   generator=gen, stats=stats, timer=tally.timer, compile=compile)
+                                   generator=gen, stats=stats, timer=tally.timer, compile=compile, draft_vocab=vocab)
         tally.stats.merge(stats)
         tally.per_batch.append(stats)
         return out, tally.timer.total["prefill"] - before
@@ -522,6 +543,10 @@ def render_table(report: dict):
 
     params = report["params"]
     notes = [f"MTP modules: {params['mtp_bytes'] / 1e6:.2f} MB of extra weights"] if params["mtp"] else []
+    dv = report.get("draft_vocab")
+    if dv and dv["size"] < dv["vocab_size"]:
+        notes.append(f"drafts from the {dv['size']} most frequent training tokens of {dv['vocab_size']} "
+                     f"({dv['training_share']:.0%} of training tokens; the trunk verifies over all)")
     if "draft_bytes" in params:
         notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
     tables = [_condition_table(report, c) for c in report["conditions"]]

@@ -141,6 +141,7 @@ class Engine:
         elif model is not None and model.objective == "parallel":
             self.heads = [BlockWeights(b) for b in model.mtp]
         self._tables(trunk.cfg.context)
+        self._draft_unembeds: dict[tuple, Tensor] = {}
         self.compiled = compile
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
         self._static = None
@@ -236,6 +237,15 @@ class Engine:
     def head_norm(self, hidden: Tensor, norm: Tensor | None = None) -> Tensor:
         """The final RMSNorm (the trunk's, or a module's own)."""
         return rms(hidden, self.eps) * (self.norm if norm is None else norm)
+
+    def draft_unembed(self, unembed: Tensor, vocab: Tensor | None) -> Tensor:
+        """An unembedding's columns for a draft vocabulary (decode/draft_vocab.py), made once per vocabulary."""
+        if vocab is None:
+            return unembed
+        key = (unembed.data_ptr(), vocab.cpu().numpy().tobytes())
+        if key not in self._draft_unembeds:
+            self._draft_unembeds[key] = unembed.index_select(1, vocab.to(unembed.device)).contiguous()
+        return self._draft_unembeds[key]
 
     def head(self, hidden: Tensor, unembed: Tensor | None = None) -> Tensor:
         """Logits from hidden states before the final norm; `unembed` a module's own (its norm folded in)."""

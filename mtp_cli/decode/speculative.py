@@ -112,12 +112,18 @@ def accept(drafts: Tensor, draft_probs: Tensor | None, logits: Tensor, temperatu
     return n, torch.multinomial(residual, 1, generator=generator).squeeze(-1)
 
 
-def _pick(logits: Tensor, temperature: float, top_p: float, generator) -> tuple[Tensor, Tensor | None]:
-    """A draft token from (B, V) logits and the distribution it came from (None when greedy)."""
+def _pick(logits: Tensor, temperature: float, top_p: float, generator, vocab: Tensor | None = None,
+          vocab_size: int = 0) -> tuple[Tensor, Tensor | None]:
+    """A draft token from (B, V') logits and the distribution it came from (None when greedy), as
+    (B, vocab_size) over the full vocabulary. `vocab`: the ids the V' logits score (None: all)."""
     if temperature <= 0:
-        return logits.argmax(-1), None
+        pick = logits.argmax(-1)
+        return (pick if vocab is None else vocab[pick]), None
     q = probs_from_logits(logits, temperature, top_p)
-    return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
+    pick = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+    if vocab is None:
+        return pick, q
+    return vocab[pick], q.new_zeros(q.shape[0], vocab_size).index_copy_(1, vocab, q)
 
 
 class Drafter(ABC):
@@ -144,8 +150,11 @@ class _ModuleDrafter(Drafter):
     beyond a query's position are masked and later overwritten), and `exact`, the position below
     which every module cache holds exact (committed-input) states."""
 
-    def __init__(self, engine: Engine, k: int, n_modules: int, batch: int, capacity: int):
+    def __init__(self, engine: Engine, k: int, n_modules: int, batch: int, capacity: int,
+                 vocab: Tensor | None = None):
         self.engine, self.k = engine, k
+        self.vocab = None if vocab is None else vocab.to(engine.device)  # the draft vocabulary (draft_vocab.py)
+        self.vocab_size = engine.unembed.shape[1]
         self.capacity = capacity
         self.states = torch.zeros(batch, capacity, engine.cfg.d_model, device=engine.device, dtype=engine.dtype)
         self.caches = [engine.new_cache(batch, capacity, n_layers=1) for _ in range(n_modules)]
@@ -153,12 +162,20 @@ class _ModuleDrafter(Drafter):
         self.steps = torch.arange(capacity, device=engine.device)
 
     def _store(self, start: Tensor, states: Tensor) -> None:
+        if len(start) == 1:  # one row: slices, not index tensors (fewer, cheaper calls per step)
+            s = int(start[0])
+            n = min(states.shape[1], self.capacity - s)
+            self.states[:, s:s + n] = states[:, :n]
+            return
         pos = (start[:, None] + self.steps[: states.shape[1]]).clamp_(max=self.capacity - 1)
         self.states[torch.arange(len(start), device=start.device)[:, None], pos] = states
 
     def _window(self, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Each row's positions exact..c-1, left-aligned and padded to the widest row: (trunk states
         there (B, W, d), index of each row's last real position (B,), the positions (B, W))."""
+        if len(lengths) == 1:
+            e, c = int(self.exact[0]), int(lengths[0])
+            return self.states[:, e:c], self.steps[c - e - 1: c - e], self.steps[None, e:c]
         width = lengths - self.exact
         pos = (self.exact[:, None] + self.steps[: int(width.max())]).clamp_(max=self.capacity - 1)
         rows = torch.arange(len(lengths), device=lengths.device)[:, None]
@@ -174,32 +191,39 @@ class SequentialDrafter(_ModuleDrafter):
     """DeepSeek-V3 modules: chain depths 1..min(k, D) at the pending token's position, then reuse
     module D one position to the right for drafts beyond D."""
 
-    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int):
+    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int, vocab: Tensor | None = None):
         self.depth = min(k, model.n_extra)
-        super().__init__(engine, k, self.depth, batch, capacity)
+        super().__init__(engine, k, self.depth, batch, capacity, vocab)
         self.post_norm = model.mtp_cfg.mtp_input == "post-norm"
+        self.unembeds = [engine.draft_unembed(m.unembed, self.vocab) for m in engine.sequential[: self.depth]]
 
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
         self._store(start, hidden)
 
     def _draft(self, d: int, h: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
-        return _pick(self.engine.head(h, self.engine.sequential[d - 1].unembed), temperature, top_p, generator)
+        return _pick(self.engine.head(h, self.unembeds[d - 1]), temperature, top_p, generator, self.vocab,
+                     self.vocab_size)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
         engine = self.engine
         rows = torch.arange(len(lengths), device=lengths.device)
         h, last, positions = self._window(lengths)
+        one = len(lengths) == 1  # one row: its window has no padding, so its last position is the last
         h = engine.head_norm(h) if self.post_norm else h
         drafts, probs = [], []
         for d in range(1, self.depth + 1):
             # x_{j+d} for window position j; after the pending token these are earlier drafts
-            tokens = seq.gather(1, (positions + d).clamp_(max=seq.shape[1] - 1))
+            if one and int(positions[0, -1]) + d < seq.shape[1]:
+                tokens = seq[:, int(positions[0, 0]) + d: int(positions[0, -1]) + d + 1]
+            else:
+                tokens = seq.gather(1, (positions + d).clamp_(max=seq.shape[1] - 1))
             h = engine.sequential_module(d, h, tokens, positions, self.caches[d - 1])
-            tok, q = self._draft(d, h[rows, last], temperature, top_p, generator)
+            h_last = h[:, -1] if one else h[rows, last]
+            tok, q = self._draft(d, h_last, temperature, top_p, generator)
             seq[rows, lengths + d] = tok
             drafts.append(tok)
             probs.append(q)
-        h = h[rows, last][:, None]
+        h = h_last[:, None]
         for i in range(self.depth + 1, self.k + 1):
             if self.depth == 1 and self.post_norm:  # module 1 was trained on a post-final-norm state
                 h = engine.head_norm(h, engine.sequential[0].out_norm)
@@ -216,8 +240,9 @@ class ParallelDrafter(_ModuleDrafter):
     """Meta heads 2..k+1 on the shared state (the input of the trunk's last layer, which the engine's
     trunk forward returns beside its output)."""
 
-    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int):
-        super().__init__(engine, k, k, batch, capacity)
+    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int, vocab: Tensor | None = None):
+        super().__init__(engine, k, k, batch, capacity, vocab)
+        self.unembed = engine.draft_unembed(engine.unembed, self.vocab)
 
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
         self._store(start, shared)
@@ -228,7 +253,8 @@ class ParallelDrafter(_ModuleDrafter):
         drafts, probs = [], []
         for j in range(self.k):
             h = self.engine.parallel_head(j, shared, positions, self.caches[j])
-            tok, q = _pick(self.engine.head(h[rows, last]), temperature, top_p, generator)
+            tok, q = _pick(self.engine.head(h[:, -1] if len(lengths) == 1 else h[rows, last], self.unembed),
+                           temperature, top_p, generator, self.vocab, self.vocab_size)
             drafts.append(tok)
             probs.append(q)
         self.exact = lengths.clone()
@@ -276,10 +302,11 @@ def draft_len_for(model, draft_len: int | None = None) -> int:
     return k
 
 
-def make_drafter(model, draft_len: int | None, batch: int, capacity: int, compile: bool | None = False) -> Drafter:
+def make_drafter(model, draft_len: int | None, batch: int, capacity: int, compile: bool | None = False,
+                 draft_vocab: Tensor | None = None) -> Drafter:
     k = draft_len_for(model, draft_len)
     cls = ParallelDrafter if model.objective == "parallel" else SequentialDrafter
-    return cls(engine_for(model.trunk, model, compile), model, k, batch, capacity)
+    return cls(engine_for(model.trunk, model, compile), model, k, batch, capacity, draft_vocab)
 
 
 @torch.no_grad()
@@ -287,18 +314,19 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
                          temperature: float = 0.0, top_p: float = 1.0, stop: StopFn | None = None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
                          drafter: Drafter | None = None, stats: SpecStats | None = None, timer=None,
-                         compile: bool | None = None) -> list[list[int]]:
+                         compile: bool | None = None, draft_vocab: Tensor | None = None) -> list[list[int]]:
     """`generate`'s contract for an `MTPModel` (greedy: its exact output), drafting with the model's
     own modules unless `drafter` is given. `stats` accumulates counters, `timer` times the phases
     prefill / draft0 (the modules' pass over the prompt) / draft / verify. `compile` runs the
-    verification forward (fixed width k+1) compiled (None: the device's default)."""
+    verification forward (fixed width k+1) compiled (None: the device's default). `draft_vocab`: the
+    token ids the modules draft from (`draft_vocab.top_tokens`; None: all)."""
     if not prompts:
         return []
     engine, timer = engine_for(model.trunk, model, compile), timer or NO_TIMER
     k = drafter.k if drafter is not None else draft_len_for(model, draft_len)
     stats = stats if stats is not None else SpecStats(k)
     cache_len = cache_capacity(engine, max(len(p) for p in prompts) + max_new_tokens + k + 2)
-    drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile)
+    drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile, draft_vocab)
     with timer("prefill"):
         cache, logits, hidden, shared = prefill(engine, prompts, cache_len, pad_id=eos_id or 0)
         tokens = next_token(logits, temperature, top_p, generator)
