@@ -28,14 +28,19 @@ class Estimate:
     basis: str
 
 
-def training_flops(recipe: Recipe) -> tuple[float, int]:
-    """(training FLOPs per token, tokens per step) of a single-run recipe, without allocating the model."""
+def training_flops(recipe: Recipe) -> tuple[float, float, int]:
+    """(training FLOPs per token, forward FLOPs per token, tokens per step) of a single-run recipe,
+    without allocating the model; a frozen trunk (train.freeze_trunk) counts as it trains."""
     from mtp_cli.model import MTPModel
-    from mtp_cli.train import flops_per_token
+    from mtp_cli.train import flops_per_token, forward_flops_per_token
 
     with torch.device("meta"):
         model = MTPModel(recipe.model, recipe.mtp)
-    return flops_per_token(model, recipe.model.context), recipe.train.batch_size * recipe.model.context
+    if recipe.train.freeze_trunk:
+        model.freeze_trunk()
+    context = recipe.model.context
+    return (flops_per_token(model, context), forward_flops_per_token(model, context),
+            recipe.train.batch_size * context)
 
 
 class Estimator:
@@ -79,9 +84,9 @@ class Estimator:
         if len(step_times) >= 5:
             t = statistics.median(step_times)
             return Estimate(remaining * t, f"measured: {remaining} steps left × {t:.2f} s")
-        fpt, tokens = training_flops(recipe)
+        fpt, forward_fpt, tokens = training_flops(recipe)
         val_tokens = (recipe.train.steps // recipe.train.eval_every + 1) * recipe.train.eval_batches * tokens
-        flops = fpt * tokens * remaining + fpt / 3 * val_tokens * remaining / max(recipe.train.steps, 1)
+        flops = fpt * tokens * remaining + forward_fpt * val_tokens * remaining / max(recipe.train.steps, 1)
         peak, device = self.peak(recipe)
         mfu = statistics.median(self.mfus) if self.mfus else ASSUMED_MFU.get(device, 0.35)
         how = "measured here" if self.mfus else "assumed"

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mtp_cli import claims, compare, plots, results
-from mtp_cli.resultset import Metric, ResultSet, code_commit, load, values
+from mtp_cli.resultset import BEFORE, Metric, ResultSet, code_commit, load, values
 from mtp_cli.stats import Estimate
 from mtp_cli.tables import Table
 
@@ -62,6 +62,9 @@ def training_section(r: ResultSet) -> Section:
     rows = [[r.variant_label(v), str(seeds[v]), *[fmt_estimate(m, compare.summarize(r.rows(v), m)) for m in metrics]]
             for v in r.variants]
     notes = [_n_note(r), _context_cut_note(r), _interval_note(seeds)]
+    if r.before is not None:
+        rows.insert(0, [BEFORE, "–", *[fmt_estimate(m, compare.summarize(r.before, m)) for m in metrics]])
+        notes += _before_notes(r)
     tables = [Table("Trunk quality per variant (MTP modules discarded)", ["variant", "seeds", *[m.label for m in metrics]],
                     rows, [n for n in notes if n])]
     base = r.baseline
@@ -105,6 +108,17 @@ def training_section(r: ResultSet) -> Section:
 _TRAINING_INTRO = ("Quality of the trunk alone: each run's trunk is exported as a Hugging Face checkpoint with its "
                    "MTP modules discarded and evaluated like any causal LM. Gold bits/byte scores the reference "
                    "solution (HumanEval canonical solution, GSM8K answer) given its prompt, per item.")
+
+
+def _before_notes(r: ResultSet) -> list[str]:
+    """What the "before" row is and, when every run froze its trunk, whether their trunk scores equal it."""
+    notes = [f"{BEFORE}: the checkpoint the runs start from ({r.before_source}), evaluated as it is with the "
+             "runs' eval settings (`mtp eval --hf`, baseline/eval.json)"]
+    if r.frozen_trunk:
+        differ = {v: labels for v, labels in r.trunk_differences().items() if labels}
+        verdict = "yes" if not differ else "**NO** — " + "; ".join(f"{v}: {', '.join(labels)}" for v, labels in differ.items())
+        notes.append(f"frozen trunk (train.freeze_trunk): trunk scores equal the source's: {verdict}")
+    return notes
 
 
 def _note_method(methods: dict[str, list[str]], e: Estimate | str | None, label: str) -> None:
@@ -285,7 +299,9 @@ def cost_section(r: ResultSet) -> Section:
                      " / ".join(_duration(stage_times[s]) for s in ("train", "eval", "specbench"))])
     kinds = {run.run.get("throughput", {}).get("peak_memory_kind") for run in r.runs} - {None}
     notes = [f"× = ratio to {base}" if base else "no NTP variant to compare against",
-             "step time and tokens/s are medians over training steps; FLOPs/token counts training (3× forward)",
+             "step time and tokens/s are medians over training steps; FLOPs/token counts training (3× forward; "
+             "a frozen trunk, which runs under no-grad, its forward only)",
+             *_flops_recount_notes(r),
              f"peak memory: {', '.join(sorted(kinds)) or 'as recorded'}; each run trains in its own process",
              "compute-matched parallel heads move n−1 layers from the trunk into the heads: same total parameters"]
     table = Table("Training cost against NTP", ["variant", "trunk params", "MTP params", "added vs NTP", "MFLOP/token",
@@ -294,6 +310,20 @@ def cost_section(r: ResultSet) -> Section:
     return Section("Cost", "", [table])
 
 
+
+
+def _flops_recount_notes(r: ResultSet) -> list[str]:
+    """Frozen-trunk runs whose stored FLOPs/token (and so MFU) counted the trunk's backward too."""
+    notes = []
+    for run in r.runs:
+        now = r.frozen_flops_recount(run)
+        if now is None:
+            continue
+        stored, mfu = run.run["flops_per_token"], (run.run.get("throughput") or {}).get("mfu_median")
+        notes.append(f"{run.path.name}: its stored {stored / 1e6:.1f} MFLOP/token counted the frozen trunk's backward; "
+                     f"counted as it trained, {now / 1e6:.1f} MFLOP/token"
+                     + (f", MFU {_pct(mfu * now / stored)}" if isinstance(mfu, (int, float)) else ""))
+    return notes
 
 
 def claims_section(r: ResultSet) -> Section:
@@ -389,8 +419,7 @@ def settings_table(r: ResultSet) -> Table:
     model, train, ev, sb = (recipe.get(k) or {} for k in ("model", "train", "eval", "specbench"))
     limits = ev.get("limits") or {}
     rows = [
-        ["model", f"{model.get('n_layers')} layers, d={model.get('d_model')}, {model.get('n_heads')} heads, "
-                  f"SwiGLU {model.get('ffn_hidden')}, context {model.get('context')}, vocab {model.get('vocab_size')}"],
+        ["model", _trained_models(r, model)],
         ["data", f"{(recipe.get('data') or {}).get('source')}"],
         ["training", f"{train.get('steps')} steps × {train.get('batch_size')} sequences, peak lr {train.get('lr')}, "
                      f"{train.get('schedule')} schedule, seeds {recipe.get('seeds')}"],
@@ -408,6 +437,24 @@ def settings_table(r: ResultSet) -> Table:
     return Table("Settings", ["", ""], rows)
 
 
+
+
+def _describe_model(model: dict) -> str:
+    return (f"{model.get('n_layers')} layers, d={model.get('d_model')}, {model.get('n_heads')} heads, "
+            f"SwiGLU {model.get('ffn_hidden')}, context {model.get('context')}, vocab {model.get('vocab_size')}")
+
+
+def _trained_models(r: ResultSet, recipe_model: dict) -> str:
+    """The model the runs trained (their run.json, after init_from resolved it), not the recipe's [model];
+    when runs differ, each description with its runs. The recipe's only when no run stored one."""
+    by_text: dict[str, list[str]] = {}
+    for run, model in r.run_models().items():
+        by_text.setdefault(_describe_model(model), []).append(run)
+    if not by_text:
+        return f"{_describe_model(recipe_model)} (the recipe's; no run stored its own)"
+    if len(by_text) == 1:
+        return next(iter(by_text))
+    return "runs differ: " + "; ".join(f"{text} ({', '.join(runs)})" for text, runs in by_text.items())
 
 
 # ---- render ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtp_cli import results, stats
+from mtp_cli import ablate_source, results, stats
 from mtp_cli.errors import UserError
 
 
@@ -42,6 +42,7 @@ QUALITY = [
 VAL_LOSS = Metric("val loss ↓ (training-time)", "val_loss", ci=False)
 ITEM_PATH_KEY = {"heldout": "windows_path"}  # other tasks store theirs under "items_path"
 ITEM_ID_KEYS = ("task_id", "doc_id", "window")
+BEFORE = "source (before)"  # the "before" row's label: the source checkpoint as it is, before any training
 CONTEXT_CUT_TASKS = {"humaneval": "HumanEval", "gsm8k": "GSM8K"}
 
 
@@ -60,6 +61,7 @@ class ResultSet:
     frame: pd.DataFrame
     runs: list[results.RunFolder]
     lock: dict
+    before: pd.DataFrame | None = None  # the source checkpoint evaluated as it is (baseline/eval.json), one summary row
     _items: dict = field(default_factory=dict, repr=False)
 
     # ---- variants and seeds ----------------------------------------------------------------------
@@ -101,6 +103,50 @@ class ResultSet:
             return f"parallel n={int(self.first(variant, 'n_extra')) + 1} λ={self.first(variant, 'lambda'):g}, " \
                    f"{self.first(variant, 'trunk_layers')}-layer trunk"
         return str(obj)
+
+    # ---- the source checkpoint before training (recipes that start from one) ------------------------
+    @property
+    def before_source(self) -> str | None:
+        """What the "before" row evaluated: the checkpoint `mtp eval --hf` read."""
+        if self.before is None:
+            return None
+        doc = results.RunFolder(ablate_source.baseline_json(self.dir).parent).eval
+        return (doc.get("hf") or {}).get("source") or doc.get("export") or doc.get("run")
+
+    @property
+    def frozen_trunk(self) -> bool:
+        """Every run trained with train.freeze_trunk: its trunk is the source's, unchanged."""
+        return bool(self.runs) and all(results._get(run.run, "recipe", "train", "freeze_trunk") is True for run in self.runs)
+
+    def trunk_differences(self) -> dict[str, list[str]]:
+        """{variant: labels of the quality metrics whose value differs from the "before" row's}, over
+        the metrics the "before" row measured (every run of the variant compared, exactly)."""
+        if self.before is None:
+            return {}
+        measured = [m for m in QUALITY if values(self.before, m.col)]
+        return {v: [m.label for m in measured if values(self.rows(v), m.col) != values(self.before, m.col) * len(self.rows(v))]
+                for v in self.variants}
+
+    def frozen_flops_recount(self, run: results.RunFolder) -> float | None:
+        """A frozen-trunk run's training FLOPs/token as `train.flops_per_token` counts them now, when its
+        stored figure differs (runs stored before the count knew the frozen trunk's no-grad forward);
+        None otherwise, or when its stored recipe cannot be read back."""
+        from mtp_cli.config import recipe_from_dict
+        from mtp_cli.cost import training_flops
+
+        stored, recipe = run.run.get("flops_per_token"), run.run.get("recipe")
+        if not (results._get(recipe, "train", "freeze_trunk") is True and isinstance(stored, (int, float))):
+            return None
+        try:
+            now = training_flops(recipe_from_dict(recipe))[0]
+        except (UserError, TypeError, ValueError, KeyError):
+            return None
+        return now if now != stored else None
+
+    def run_models(self) -> dict[str, dict]:
+        """{run folder name: the [model] it trained} from each run.json (after init_from resolved it);
+        runs that stored none are left out."""
+        return {run.path.name: model for run in self.runs if isinstance(model := results._get(run.run, "recipe", "model"), dict)}
 
     # ---- per-item series ---------------------------------------------------------------------------
     def items(self, run: results.RunFolder, task: str, metric: str) -> pd.Series | None:
@@ -197,7 +243,18 @@ def load(results_dir: str | Path) -> ResultSet:
     if not runs:
         raise UserError(f"no runs in {results_dir / results.RUNS}; run `mtp ablate --recipe RECIPE` first")
     results.write_summary(results_dir)
-    return ResultSet(results_dir, results.summary_frame(results_dir), runs, results.read_lock(results_dir))
+    return ResultSet(results_dir, results.summary_frame(results_dir), runs, results.read_lock(results_dir),
+                     _before_row(results_dir))
+
+
+def _before_row(results_dir: Path) -> pd.DataFrame | None:
+    """The baseline (`[eval] baseline = true`): the source checkpoint's eval.json as one summary row."""
+    path = ablate_source.baseline_json(results_dir)
+    if not path.is_file():
+        return None
+    row = results.summary_row(results.RunFolder(path.parent))
+    row.update(variant=BEFORE, seed=0, objective=None)
+    return pd.DataFrame([row])
 
 
 def code_commit() -> str | None:

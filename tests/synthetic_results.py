@@ -14,6 +14,7 @@ import numpy as np
 COMMIT = "c0ffee" + "0" * 34
 VARIANTS = {"ntp": "ntp", "seq-d1": "sequential"}
 N_ITEMS = {"humaneval": 40, "gsm8k": 30, "heldout": 25}
+MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "ffn_hidden": 88, "context": 64, "vocab_size": 256}
 CUT = {"prompts_cut": 12, "prompt_cut_tokens_max": 40, "prompt_cut_tokens_mean": 20.5, "prompts_over_context": 12}
 
 
@@ -37,7 +38,7 @@ def make_results(root: Path, seeds=(0, 1), shift: float = -0.05, seed_offsets: d
     (folder / "runs").mkdir(parents=True)
     recipe = {"description": "planted numbers", "seeds": list(seeds),
               "variants": [{"name": "ntp"}, {"name": "seq-d1", "mtp": {"objective": "sequential", "depth": 1}}],
-              "model": {"n_layers": 2, "d_model": 32, "context": 64}, "train": {"steps": 10, "batch_size": 4},
+              "model": MODEL, "train": {"steps": 10, "batch_size": 4},
               "eval": {"tasks": ["humaneval", "gsm8k", "heldout"]}, "specbench": {"batch_sizes": [1]}}
     (folder / "recipe.lock.json").write_text(json.dumps({"recipe_name": "synth", "fingerprint": "f00d",
                                                          "source": "synth.toml", "recipe": recipe}))
@@ -49,7 +50,7 @@ def make_results(root: Path, seeds=(0, 1), shift: float = -0.05, seed_offsets: d
             (run / "run.json").write_text(json.dumps({
                 "status": "done", "objective": objective, "step": 10, "git_commit": COMMIT,
                 "recipe": {"mtp": {"depth": 1, "lambda": 0.3, "mtp_input": "post-norm"},
-                           "train": {"batch_size": 4, "seed": seed}, "model": {"context": 64}},
+                           "train": {"batch_size": 4, "seed": seed}, "model": dict(MODEL)},
                 "lambda": 0.3, "params": {"trunk": 1000, "mtp": 0 if objective == "ntp" else 200}}))
             (run / "eval.json").write_text(json.dumps({"git_commit": COMMIT, "context": 64,
                                                        "results": _eval(run, variant, seed, shift, seed_offsets, per_item)}))

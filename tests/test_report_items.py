@@ -162,3 +162,89 @@ def test_provenance_names_the_rendering_commit_only_when_it_differs(synth, monke
     monkeypatch.setattr(report, "code_commit", lambda: "b" * 40)
     text = report.render_report(synth).read_text()
     assert f"Results produced at commit `{COMMIT[:12]}`; rendered by code at commit `bbbbbbbbbbbb`." in text
+
+
+def _add_baseline(folder: Path, like: str = "ntp-s0") -> dict:
+    """A baseline/ folder (the source checkpoint evaluated as it is) holding a copy of one run's eval."""
+    shutil.copytree(folder / "runs" / like, folder / "baseline", ignore=shutil.ignore_patterns("run.json", "ablate.json",
+                                                                                               "specbench.json"))
+    doc = json.loads((folder / "baseline" / "eval.json").read_text())
+    doc["hf"] = {"source": "source/ntp-s0/export"}
+    (folder / "baseline" / "eval.json").write_text(json.dumps(doc))
+    return doc
+
+
+def _freeze(folder: Path, same_eval_as: Path | None = None) -> None:
+    for run in (folder / "runs").iterdir():
+        doc = json.loads((run / "run.json").read_text())
+        doc["recipe"]["train"]["freeze_trunk"] = True
+        (run / "run.json").write_text(json.dumps(doc))
+        if same_eval_as is not None:
+            for f in same_eval_as.glob("eval*"):
+                shutil.copy(f, run / f.name)
+
+
+def test_before_row_is_the_baseline_eval(synth):
+    """baseline/eval.json renders as the first row of the trunk-quality table, with its own numbers."""
+    assert "source (before)" not in report.render_report(synth).read_text()  # no baseline folder, no row
+    doc = _add_baseline(synth, like="seq-d1-s1")
+    training = _section(report.render_report(synth).read_text(), "## Training evidence", "**Difference to NTP")
+    row = _row(training, "source (before)")
+    he = doc["results"]["humaneval"]
+    assert row[1] == "–" and row[4] == f"{he['gold_bpb']:.3f} [{he['gold_bpb_ci95'][0]:.3f}, {he['gold_bpb_ci95'][1]:.3f}]"
+    assert row[2].startswith(f"{doc['results']['heldout']['loss']:.3f} [")
+    assert row[5].startswith(f"{doc['results']['gsm8k']['gold_bpb']:.3f} [")
+    assert row[6] == f"{100 * he['pass@1']:.1f}% [1.0%, 20.0%]"
+    assert training.index("| source (before) |") < training.index("| ntp |")
+    assert "(source/ntp-s0/export), evaluated as it is" in training
+    assert "trunk scores equal" not in training  # the runs trained their trunks: no equality to expect
+    assert "source (before)" not in pd.read_csv(synth / "summary.csv")["variant"].tolist()
+
+
+def test_frozen_trunks_are_checked_against_the_before_row(synth):
+    _add_baseline(synth)
+    _freeze(synth, same_eval_as=synth / "baseline")
+    text = report.render_report(synth).read_text()
+    assert "frozen trunk (train.freeze_trunk): trunk scores equal the source's: yes" in text
+    doc = json.loads((synth / "baseline" / "eval.json").read_text())
+    doc["results"]["gsm8k"]["gold_bpb"] += 1e-9  # one metric, one bit off
+    (synth / "baseline" / "eval.json").write_text(json.dumps(doc))
+    text = report.render_report(synth).read_text()
+    assert "trunk scores equal the source's: **NO** — ntp: GSM8K gold bits/byte ↓; seq-d1: GSM8K gold bits/byte ↓" in text
+
+
+def test_settings_model_is_what_the_runs_trained(synth):
+    """Not the recipe's [model] (an init_from run takes the checkpoint's); runs that differ are named."""
+    def set_model(run: str, **model):
+        path = synth / "runs" / run / "run.json"
+        doc = json.loads(path.read_text())
+        doc["recipe"]["model"].update(model)
+        path.write_text(json.dumps(doc))
+
+    for run in ("ntp-s0", "ntp-s1", "seq-d1-s0", "seq-d1-s1"):
+        set_model(run, context=1024)
+    text = report.render_report(synth).read_text()
+    assert "| model | 2 layers, d=32, 4 heads, SwiGLU 88, context 1024, vocab 256 |" in text
+    set_model("seq-d1-s1", n_layers=3)
+    text = report.render_report(synth).read_text()
+    assert ("| model | runs differ: 2 layers, d=32, 4 heads, SwiGLU 88, context 1024, vocab 256 (ntp-s0, ntp-s1, "
+            "seq-d1-s0); 3 layers, d=32, 4 heads, SwiGLU 88, context 1024, vocab 256 (seq-d1-s1) |") in text
+
+
+def test_committed_posthoc_report_has_the_before_row(tmp_path):
+    """The committed cpu-posthoc results: the trunk (quick's NTP export) trained at context 1024, and the
+    frozen trunks score exactly what the source scored."""
+    folder = tmp_path / "cpu-posthoc"
+    shutil.copytree(REPO / "results" / "cpu-posthoc", folder)
+    text = report.render_report(folder).read_text()
+    assert "context 1024" in text.split("## Training evidence")[0]
+    assert "| source (before) | – |" in text and "trunk scores equal the source's: yes" in text
+    from mtp_cli.config import recipe_from_dict
+    from mtp_cli.cost import training_flops
+
+    stored = json.loads((folder / "runs" / "seq-d1-self-s0" / "run.json").read_text())
+    now = training_flops(recipe_from_dict(stored["recipe"]))[0]  # stored before the frozen trunk counted 1×
+    assert now < stored["flops_per_token"] and f"counted as it trained, {now / 1e6:.1f} MFLOP/token" in text
+    committed = (REPO / "results" / "cpu-posthoc" / "REPORT.md").read_text()
+    drop = lambda doc: [line for line in doc.splitlines() if "report code" not in line and "Results produced" not in line]  # noqa: E731
+    assert drop(text) == drop(committed)  # the committed REPORT.md is what its results render to

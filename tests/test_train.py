@@ -431,3 +431,33 @@ def test_peak_memory_counts_training_not_data_preparation():
     if kind != "process peak RSS during training":
         pytest.skip("this kernel does not let a process reset its peak RSS (/proc/self/clear_refs)")
     assert env.peak_memory_mb(cpu) < before - 250
+
+
+def test_flops_per_token_counts_a_frozen_trunk_forward_only():
+    """The training FLOPs formula, counted by hand from the config: with train.freeze_trunk the trunk
+    (no-grad) costs its forward only, the modules 3 × forward, and their use of the frozen shared
+    unembedding forward + input gradient (2 ×); unfrozen, everything is 3 × forward. cost.py agrees."""
+    from conftest import tiny_model_config, tiny_recipe
+    from mtp_cli import cost
+    from mtp_cli.config import MTPConfig
+
+    cfg = tiny_model_config()
+    d, T, V, L = cfg.d_model, cfg.context, cfg.vocab_size, cfg.n_layers
+    block = 4 * d * d + 3 * d * cfg.ffn_hidden  # q, k, v, o (no GQA) + SwiGLU gate, up, down
+    module = 2 * d * d + block  # eh_proj + its block
+    trunk_fwd = 2 * (L * block + V * d) + 4 * L * T * d
+    module_fwd = 2 * module + 4 * T * d
+    unembed_fwd = 2 * V * d
+    model = MTPModel(cfg, MTPConfig(objective="sequential", depth=1))
+    unfrozen = trainer.flops_per_token(model, T)
+    assert unfrozen == 3 * (trunk_fwd + module_fwd + unembed_fwd)
+    assert trainer.forward_flops_per_token(model, T) == trunk_fwd + module_fwd + unembed_fwd
+    model.freeze_trunk()
+    frozen = trainer.flops_per_token(model, T)
+    assert frozen == trunk_fwd + 3 * module_fwd + 2 * unembed_fwd
+    assert frozen < unfrozen
+
+    recipe = tiny_recipe("sequential", depth=1)
+    assert cost.training_flops(recipe)[0] == unfrozen
+    recipe.train.freeze_trunk = True
+    assert cost.training_flops(recipe) == (frozen, trunk_fwd + module_fwd + unembed_fwd, recipe.train.batch_size * T)
