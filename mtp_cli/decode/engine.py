@@ -49,7 +49,8 @@ class BlockWeights:
     def __init__(self, block):
         attn, mlp = block.self_attn, block.mlp
         self.n_heads, self.kv_heads, self.head_dim = attn.n_heads, attn.kv_heads, attn.head_dim
-        self.qk_width = (attn.n_heads + attn.kv_heads) * attn.head_dim
+        self.qk_v = [(attn.n_heads + attn.kv_heads) * attn.head_dim, attn.kv_heads * attn.head_dim]  # qkv's split
+        self.q_k = [attn.n_heads, attn.kv_heads]
         self.ffn = mlp.gate_proj.weight.shape[0]
         w = attn.q_proj.weight
         self.eps = torch.tensor(block.input_layernorm.eps, dtype=w.dtype, device=w.device)
@@ -99,22 +100,21 @@ def block_forward(w: BlockWeights, x: Tensor, plan: Plan, k_store: Tensor, v_sto
     B, T, H, Hkv, D = plan.batch, plan.width, w.n_heads, w.kv_heads, w.head_dim
     h = rms(x, w.eps)
     qkv = torch.mm(h, w.w_qkv) if w.b_qkv is None else torch.addmm(w.b_qkv, h, w.w_qkv)
-    qk = _rope(qkv.narrow(1, 0, w.qk_width).view(B * T, H + Hkv, D), plan)
-    q = qk.narrow(1, 0, H).view(B, T, H, D).transpose(1, 2)
-    k = qk.narrow(1, H, Hkv).view(B, T, Hkv, D)
-    v = qkv.narrow(1, w.qk_width, Hkv * D).view(B, T, Hkv, D)
-    if plan.start is not None:
-        k_store.narrow(2, plan.start, T).copy_(k.transpose(1, 2))
-        v_store.narrow(2, plan.start, T).copy_(v.transpose(1, 2))
+    qk, v = qkv.split(w.qk_v, 1)
+    q, k = _rope(qk.view(B * T, H + Hkv, D), plan).view(B, T, H + Hkv, D).split(w.q_k, 2)
+    v = v.view(B, T, Hkv, D)
+    s = plan.start
+    if s is not None:
+        k_store[:, :, s:s + T] = k.transpose(1, 2)
+        v_store[:, :, s:s + T] = v.transpose(1, 2)
     else:
         k_store.transpose(1, 2)[plan.rows, plan.positions] = k
         v_store.transpose(1, 2)[plan.rows, plan.positions] = v
-    keys, values = k_store.narrow(2, 0, plan.span), v_store.narrow(2, 0, plan.span)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, is_causal=plan.causal,
-                                         enable_gqa=Hkv != H)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k_store[:, :, :plan.span], v_store[:, :, :plan.span],
+                                         attn_mask=plan.mask, is_causal=plan.causal, enable_gqa=Hkv != H)
     x = torch.addmm(x, out.transpose(1, 2).reshape(B * T, H * D), w.w_o)
-    gate_up = torch.mm(rms(x, w.eps), w.w_gate_up)
-    return torch.addmm(x, F.silu(gate_up.narrow(1, 0, w.ffn)) * gate_up.narrow(1, w.ffn, w.ffn), w.w_down)
+    gate, up = torch.mm(rms(x, w.eps), w.w_gate_up).split(w.ffn, 1)
+    return torch.addmm(x, F.silu(gate).mul_(up), w.w_down)
 
 
 def _param_key(module) -> tuple:

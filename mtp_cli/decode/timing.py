@@ -51,28 +51,28 @@ NO_TIMER = _NoTimer()
 def forward_costs(engine, prompts, widths, repeats: int = 20) -> dict[int, float]:
     """Median seconds of one trunk forward plus unembedding at each width (1: the plain step; k+1:
     verifying k drafts), on the cache of these prompts, rolled back after every call so each width
-    sees the same context. Compiled engines compile each width first (outside the timing)."""
+    sees the same context. The widths take turns within each repeat, so a slow spell on a shared
+    machine lands on all of them and their ratios hold. Compiled engines compile each width first
+    (outside the timing)."""
     from mtp_cli.decode.generate import cache_capacity, prefill
 
     device = engine.device
-    out = {}
+    times: dict[int, list[float]] = {width: [] for width in widths}
     with torch.no_grad():
         needed = max(len(p) for p in prompts) + max(widths) + 1
         cache, logits, _, _ = prefill(engine, prompts, cache_capacity(engine, needed))
         lengths = cache.lengths.clone()
-        for width in widths:
-            tokens = logits.argmax(-1)[:, None].expand(-1, width).contiguous()
-            times = []
-            for i in range(repeats + 1):
+        inputs = {width: logits.argmax(-1)[:, None].expand(-1, width).contiguous() for width in widths}
+        for i in range(repeats + 1):
+            for width in widths:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                hidden, _ = engine.forward(tokens, cache)
+                hidden, _ = engine.forward(inputs[width], cache)
                 engine.head(hidden)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                if i:  # the first call warms up (and compiles)
-                    times.append(time.perf_counter() - t0)
+                if i:  # the first round warms up (and compiles)
+                    times[width].append(time.perf_counter() - t0)
                 cache.rollback(lengths)
-            out[width] = sorted(times)[len(times) // 2]
-    return out
+    return {width: sorted(t)[len(t) // 2] for width, t in times.items()}
