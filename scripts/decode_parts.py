@@ -56,8 +56,7 @@ def main() -> None:
                 tokens = torch.full((1, width), 7)
 
                 def forward(engine=engine, cache=cache, start=start, tokens=tokens):
-                    hidden, _ = engine.forward(tokens, cache)
-                    engine.head(hidden)
+                    engine.step(tokens, cache)
                     cache.rollback(start)
                 t0 = time.perf_counter()
                 forward()

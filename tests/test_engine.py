@@ -155,6 +155,41 @@ def test_compiled_speculative_equals_eager_greedy():
     assert compiled_graphs() == graphs, "verification recompiled"
 
 
+@pytest.mark.slow  # four graphs to compile: about a minute on 2 cores
+def test_compiled_one_row_equals_eager_without_recompiling():
+    """One row on CPU runs the compiled step with a symbolic position (the unembedding inside the
+    graph) and the compiled module forwards: plain and speculative greedy equal eager token for
+    token, and 200 steps with rollbacks, and prompts of other lengths, build no new graph."""
+    from conftest import tiny_model_config
+    from mtp_cli.config import MTPConfig
+    from mtp_cli.decode.generate import cache_capacity
+    from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.model.mtp import MTPModel
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = MTPModel(tiny_model_config(n_layers=1, context=256), MTPConfig(objective="sequential", depth=1)).eval()
+    init_weights(model, 0.3)
+    first, later = PROMPTS[0], PROMPTS[1:]
+    assert generate(model.trunk, [first], 12, compile=True) == generate(model.trunk, [first], 12)
+    assert speculative_generate(model, [first], 12, compile=True) == generate(model.trunk, [first], 12)
+    engine = engine_for(model.trunk, model, compile=True)
+    assert engine._row_step is not None and engine.compile_s > 0
+    graphs = compiled_graphs()
+    with torch.no_grad():
+        cache, _, _, _ = prefill(engine, [first], cache_capacity(engine, 20))  # the capacity generate uses
+        start = int(cache.lengths[0])
+        for step in range(200):
+            engine.step(torch.tensor([[step % 500]]), cache)
+            if step % 7 == 6:
+                cache.rollback(cache.lengths - 3)
+        assert int(cache.lengths[0]) == start + 200 - 3 * (200 // 7)
+    for p in later + PROMPTS[::-1]:  # other lengths, a one-token prompt among them
+        assert generate(model.trunk, [p], 16, compile=True) == generate(model.trunk, [p], 16)
+        assert speculative_generate(model, [p], 16, compile=True) == generate(model.trunk, [p], 16)
+    assert compiled_graphs() == graphs, "the one-row compiled forwards recompiled"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("objective,draft_len", [("sequential", 1), ("sequential", 3), ("parallel", 2)])
 def test_compiled_speculative_is_lossless_on_trained_runs(tiny_runs, objective, draft_len):

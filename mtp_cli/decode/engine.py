@@ -40,7 +40,9 @@ def _fold(norm: Tensor, weight: Tensor) -> Tensor:
     return (norm.detach()[:, None] * weight.detach().t()).contiguous()
 
 
-CAUSAL_TABLE = 2048  # one additive causal mask, (n, n), for windows of one row up to this position
+ROW_WIDTH = 16  # widest one-row window the compiled CPU forwards take (decode steps, verification, drafting)
+CAUSAL_TABLE = 2048
+TABLE_SLACK = 64  # RoPE/mask tables reach this far past the context (cache capacity + drafts)  # one additive causal mask, (n, n), for windows of one row up to this position
 
 
 class BlockWeights:
@@ -51,6 +53,7 @@ class BlockWeights:
         self.n_heads, self.kv_heads, self.head_dim = attn.n_heads, attn.kv_heads, attn.head_dim
         self.qk_v = [(attn.n_heads + attn.kv_heads) * attn.head_dim, attn.kv_heads * attn.head_dim]  # qkv's split
         self.q_k = [attn.n_heads, attn.kv_heads]
+        self.gqa = attn.n_heads != attn.kv_heads
         self.ffn = mlp.gate_proj.weight.shape[0]
         w = attn.q_proj.weight
         self.eps = torch.tensor(block.input_layernorm.eps, dtype=w.dtype, device=w.device)
@@ -111,7 +114,7 @@ def block_forward(w: BlockWeights, x: Tensor, plan: Plan, k_store: Tensor, v_sto
         k_store.transpose(1, 2)[plan.rows, plan.positions] = k
         v_store.transpose(1, 2)[plan.rows, plan.positions] = v
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k_store[:, :, :plan.span], v_store[:, :, :plan.span],
-                                         attn_mask=plan.mask, is_causal=plan.causal, enable_gqa=Hkv != H)
+                                         attn_mask=plan.mask, is_causal=plan.causal, enable_gqa=w.gqa)
     x = torch.addmm(x, out.transpose(1, 2).reshape(B * T, H * D), w.w_o)
     gate, up = torch.mm(rms(x, w.eps), w.w_gate_up).split(w.ffn, 1)
     return torch.addmm(x, F.silu(gate).mul_(up), w.w_down)
@@ -140,14 +143,18 @@ class Engine:
             self.sequential = [SequentialWeights(m, trunk.unembed_weight) for m in model.mtp]
         elif model is not None and model.objective == "parallel":
             self.heads = [BlockWeights(b) for b in model.mtp]
-        self._tables(trunk.cfg.context)
+        self._tables(trunk.cfg.context + TABLE_SLACK)  # room for the drafters' caches, so compiled graphs see one size
         self._draft_unembeds: dict[tuple, Tensor] = {}
         self.compiled = compile
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
-        self._static = None
+        self._static = self._row_step = self._row_sequential = self._row_parallel = None
         if compile:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
             self._static = torch.compile(self.forward_static, dynamic=False, mode=mode)
+            if self.device.type != "cuda":  # one row, any position: symbolic start, no capacity-wide attention
+                self._row_step = torch.compile(self.row_step, dynamic=True)
+                self._row_sequential = torch.compile(self.row_sequential, dynamic=True)
+                self._row_parallel = torch.compile(self.row_parallel, dynamic=True)
 
     # ---- tables and plans ------------------------------------------------------------------------
     def _tables(self, length: int) -> None:
@@ -191,6 +198,14 @@ class Engine:
             mask = torch.zeros(hidden.shape, dtype=self.dtype, device=positions.device).masked_fill_(hidden, float("-inf"))
         return Plan(B, T, positions, cos.reshape(B * T, 1, -1), sin.reshape(B * T, 1, -1), rows, start, hi + 1, mask, causal)
 
+    def row_plan(self, start: int, width: int) -> Plan:
+        """One row at positions start..start+width-1, from Python ints only (no host sync), so that a
+        compiled forward traces `start` as a symbol: one graph serves every position."""
+        positions = self.key_index[start:start + width][None]
+        mask = None if width == 1 else self.key_index[: start + width] <= positions[0, :, None]  # (T, span): attend
+        return Plan(1, width, positions, self.cos[start:start + width].view(width, 1, -1),
+                    self.sin[start:start + width].view(width, 1, -1), None, start, start + width, mask, False)
+
     # ---- the trunk -------------------------------------------------------------------------------
     def run_trunk(self, tokens: Tensor, plan: Plan, cache: StaticKVCache) -> tuple[Tensor, Tensor]:
         """(hidden before the final norm (B, T, d), the input of the last layer (B, T, d))."""
@@ -209,13 +224,32 @@ class Engine:
         plan = self.plan(positions, capacity, static=True)
         return self.run_trunk(tokens, plan, _Stores(k_stores, v_stores))
 
+    def row_step(self, tokens: Tensor, k_stores: list[Tensor], v_stores: list[Tensor],
+                 start: int) -> tuple[Tensor, Tensor, Tensor]:
+        """`step` for one row at positions start.. (CPU, compiled: the unembedding inside the graph
+        measured a third of a step cheaper than after it)."""
+        hidden, shared = self.run_trunk(tokens, self.row_plan(start, tokens.shape[1]), _Stores(k_stores, v_stores))
+        return self.head(hidden), hidden, shared
+
+    def step(self, tokens: Tensor, cache: StaticKVCache) -> tuple[Tensor, Tensor, Tensor]:
+        """`forward` and the logits of every position: (logits (B, T, V), hidden, last layer's input)."""
+        T = tokens.shape[1]
+        start = int(cache.lengths[0]) if self._row_step is not None and cache.batch == 1 else 0
+        if _row_window(start, T):
+            cache.check(start + T - 1)
+            out = self._timed(self._row_step, tokens, cache.k, cache.v, start)
+            cache.advance(T)
+            return out
+        hidden, shared = self.forward(tokens, cache)
+        return self.head(hidden), hidden, shared
+
     def forward(self, tokens: Tensor, cache: StaticKVCache, static: bool | None = None) -> tuple[Tensor, Tensor]:
         """Feed tokens (B, T) at each row's next positions and advance the cache; returns
         (hidden (B, T, d), last layer's input (B, T, d)). `static` (default: compiled or not) runs the
-        fixed-shape forward, compiled when the engine is."""
+        fixed-shape forward, compiled when the engine is (one row on CPU: see `step`)."""
         T = tokens.shape[1]
-        positions = cache.positions(T)
         static = self.compiled if static is None else static
+        positions = cache.positions(T)
         if static:
             cache.check(int(cache.lengths.max()) + T - 1)
             out = self._run_static(tokens, positions, cache)
@@ -227,9 +261,13 @@ class Engine:
     def _run_static(self, tokens: Tensor, positions: Tensor, cache: StaticKVCache) -> tuple[Tensor, Tensor]:
         if self._static is None:
             return self.forward_static(tokens, positions, cache.k, cache.v)
+        return self._timed(self._static, tokens, positions, cache.k, cache.v)
+
+    def _timed(self, compiled, *args):
+        """Call a compiled forward; the calls that built a graph add their wall time to `compile_s`."""
         graphs = compiled_graphs()
         t0 = time.perf_counter()
-        out = self._static(tokens, positions, cache.k, cache.v)
+        out = compiled(*args)
         if compiled_graphs() != graphs:
             self.compile_s += time.perf_counter() - t0
         return out
@@ -252,23 +290,54 @@ class Engine:
         return torch.matmul(rms(hidden, self.eps), self.unembed if unembed is None else unembed)
 
     # ---- the MTP modules -------------------------------------------------------------------------
-    def sequential_module(self, d: int, h_prev: Tensor, tokens: Tensor, positions: Tensor,
-                          cache: StaticKVCache) -> Tensor:
-        """DeepSeek-V3 depth d (1-based) at explicit positions (B, W): h_prev (B, W, d), x_{j+d} tokens."""
+    def sequential_module(self, d: int, h_prev: Tensor, tokens: Tensor, positions: Tensor, cache: StaticKVCache,
+                          unembed: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """DeepSeek-V3 depth d (1-based) at explicit positions (B, W): h_prev (B, W, d), x_{j+d} tokens.
+        Returns (its output (B, W, d), with `unembed` the logits at the window's last column (B, V')).
+        One row's positions are consecutive (the drafters' windows)."""
+        start = int(positions[0, 0]) if self._row_sequential is not None and tokens.shape[0] == 1 else 0
+        if _row_window(start, tokens.shape[1]):
+            return self._timed(self._row_sequential, d, h_prev, tokens, cache.k[0], cache.v[0], start, unembed)
+        h = self._sequential(d, h_prev, tokens, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
+        return h, None if unembed is None else self.head(h[:, -1], unembed)
+
+    def row_sequential(self, d: int, h_prev: Tensor, tokens: Tensor, k_store: Tensor, v_store: Tensor,
+                       start: int, unembed: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        h = self._sequential(d, h_prev, tokens, self.row_plan(start, tokens.shape[1]), k_store, v_store)
+        return h, None if unembed is None else self.head(h[:, -1], unembed)
+
+    def _sequential(self, d: int, h_prev: Tensor, tokens: Tensor, plan: Plan, k_store: Tensor, v_store: Tensor) -> Tensor:
         m = self.sequential[d - 1]
         B, W = tokens.shape
         emb = F.embedding(tokens, self.embed).view(B * W, -1)
         fused = torch.cat([rms(emb, m.eps), rms(h_prev.reshape(B * W, -1), m.eps)], -1)
-        x = torch.mm(fused, m.w_eh)
-        x = block_forward(m.block, x, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
-        return x.view(B, W, -1)
+        return block_forward(m.block, torch.mm(fused, m.w_eh), plan, k_store, v_store).view(B, W, -1)
 
-    def parallel_head(self, j: int, shared: Tensor, positions: Tensor, cache: StaticKVCache) -> Tensor:
-        """Meta head j+2 (j 0-based over the extra heads) on the shared state (B, W, d) at positions (B, W)."""
+    def parallel_head(self, j: int, shared: Tensor, positions: Tensor, cache: StaticKVCache,
+                      unembed: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Meta head j+2 (j 0-based over the extra heads) on the shared state (B, W, d) at positions (B, W);
+        returns as `sequential_module`."""
+        start = int(positions[0, 0]) if self._row_parallel is not None and shared.shape[0] == 1 else 0
+        if _row_window(start, shared.shape[1]):
+            return self._timed(self._row_parallel, j, shared, cache.k[0], cache.v[0], start, unembed)
+        h = self._parallel(j, shared, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
+        return h, None if unembed is None else self.head(h[:, -1], unembed)
+
+    def row_parallel(self, j: int, shared: Tensor, k_store: Tensor, v_store: Tensor, start: int,
+                     unembed: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        h = self._parallel(j, shared, self.row_plan(start, shared.shape[1]), k_store, v_store)
+        return h, None if unembed is None else self.head(h[:, -1], unembed)
+
+    def _parallel(self, j: int, shared: Tensor, plan: Plan, k_store: Tensor, v_store: Tensor) -> Tensor:
         B, W, _ = shared.shape
-        x = block_forward(self.heads[j], shared.reshape(B * W, -1), self.plan(positions, cache.capacity),
-                          cache.k[0], cache.v[0])
-        return x.view(B, W, -1)
+        return block_forward(self.heads[j], shared.reshape(B * W, -1), plan, k_store, v_store).view(B, W, -1)
+
+
+def _row_window(start: int, width: int) -> bool:
+    """Whether a one-row window runs compiled: a decode step, verification or a drafter's window, after
+    position 0 (which torch.compile would specialise on) and no wider than `ROW_WIDTH` (wider windows
+    are prefills, one per call: they run eager and compile nothing)."""
+    return 0 < start and width <= ROW_WIDTH
 
 
 class _Stores:
@@ -284,7 +353,7 @@ def default_compile(device: torch.device | str) -> bool:
 
 def compiled_graphs() -> int:
     """Graphs torch.compile has built in this process (a recompilation adds one)."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # imported at first use: dynamo is slow to import
 
     return counters["stats"]["unique_graphs"]
 

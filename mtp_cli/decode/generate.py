@@ -131,6 +131,5 @@ def generate(trunk: Trunk, prompts: Sequence[Sequence[int]], max_new_tokens: int
             active = [active[r] for r in live]
             live = list(range(len(active)))
         with timer("step"):
-            hidden, _ = engine.forward(tokens[:, None], cache)
-            logits = engine.head(hidden[:, -1])
+            logits = engine.step(tokens[:, None], cache)[0][:, -1]
     return outputs

@@ -200,9 +200,8 @@ class SequentialDrafter(_ModuleDrafter):
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
         self._store(start, hidden)
 
-    def _draft(self, d: int, h: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
-        return _pick(self.engine.head(h, self.unembeds[d - 1]), temperature, top_p, generator, self.vocab,
-                     self.vocab_size)
+    def _pick(self, logits: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
+        return _pick(logits, temperature, top_p, generator, self.vocab, self.vocab_size)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
         engine = self.engine
@@ -217,9 +216,11 @@ class SequentialDrafter(_ModuleDrafter):
                 tokens = seq[:, int(positions[0, 0]) + d: int(positions[0, -1]) + d + 1]
             else:
                 tokens = seq.gather(1, (positions + d).clamp_(max=seq.shape[1] - 1))
-            h = engine.sequential_module(d, h, tokens, positions, self.caches[d - 1])
+            h, logits = engine.sequential_module(d, h, tokens, positions, self.caches[d - 1],
+                                                 self.unembeds[d - 1] if one else None)
             h_last = h[:, -1] if one else h[rows, last]
-            tok, q = self._draft(d, h_last, temperature, top_p, generator)
+            logits = logits if one else engine.head(h_last, self.unembeds[d - 1])
+            tok, q = self._pick(logits, temperature, top_p, generator)
             seq[rows, lengths + d] = tok
             drafts.append(tok)
             probs.append(q)
@@ -228,8 +229,9 @@ class SequentialDrafter(_ModuleDrafter):
             if self.depth == 1 and self.post_norm:  # module 1 was trained on a post-final-norm state
                 h = engine.head_norm(h, engine.sequential[0].out_norm)
             positions = (lengths + (i - self.depth - 1))[:, None]
-            h = engine.sequential_module(self.depth, h, drafts[-1][:, None], positions, self.caches[self.depth - 1])
-            tok, q = self._draft(self.depth, h[:, -1], temperature, top_p, generator)
+            h, logits = engine.sequential_module(self.depth, h, drafts[-1][:, None], positions,
+                                                 self.caches[self.depth - 1], self.unembeds[self.depth - 1])
+            tok, q = self._pick(logits, temperature, top_p, generator)
             drafts.append(tok)
             probs.append(q)
         self.exact = (lengths - self.depth + 1).clamp_(min=0)  # depth d at j read x_{j+d}: committed iff j+d <= c
@@ -252,9 +254,10 @@ class ParallelDrafter(_ModuleDrafter):
         shared, last, positions = self._window(lengths)
         drafts, probs = [], []
         for j in range(self.k):
-            h = self.engine.parallel_head(j, shared, positions, self.caches[j])
-            tok, q = _pick(self.engine.head(h[:, -1] if len(lengths) == 1 else h[rows, last], self.unembed),
-                           temperature, top_p, generator, self.vocab, self.vocab_size)
+            one = len(lengths) == 1
+            h, logits = self.engine.parallel_head(j, shared, positions, self.caches[j], self.unembed if one else None)
+            logits = logits if one else self.engine.head(h[rows, last], self.unembed)
+            tok, q = _pick(logits, temperature, top_p, generator, self.vocab, self.vocab_size)
             drafts.append(tok)
             probs.append(q)
         self.exact = lengths.clone()
@@ -364,8 +367,8 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
             drafts, q = drafter.propose(seq, lengths, temperature, top_p, generator)
         phase = "draft"
         with timer("verify"):
-            hidden, shared = engine.forward(torch.cat([seq[rows, lengths][:, None], drafts], 1), cache)
-            n_acc, nxt = accept(drafts, q, engine.head(hidden), temperature, top_p, generator)
+            logits, hidden, shared = engine.step(torch.cat([seq[rows, lengths][:, None], drafts], 1), cache)
+            n_acc, nxt = accept(drafts, q, logits, temperature, top_p, generator)
         stats.record(n_acc[~frozen])
         new = torch.cat([drafts, nxt[:, None]], 1)
         new[rows, n_acc] = nxt  # committed: drafts[:n_acc], then the trunk's token

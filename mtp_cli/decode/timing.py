@@ -68,8 +68,7 @@ def forward_costs(engine, prompts, widths, repeats: int = 20) -> dict[int, float
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                hidden, _ = engine.forward(inputs[width], cache)
-                engine.head(hidden)
+                engine.step(inputs[width], cache)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 if i:  # the first round warms up (and compiles)
