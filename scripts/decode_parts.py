@@ -3,8 +3,9 @@ plain step and verifying k = 1..3 drafts), eager and compiled, and one drafting 
 D=1 module and of a parallel head, on a quick-recipe-sized model with random weights (4 layers,
 d_model 256, 4 heads, ffn 688, vocab 4096; timing does not depend on the weights) after a 128-token
 prompt. Each round times every part over `--steps` calls, the rounds rotate through all parts, and
-medians over rounds are printed with the ratios the decoding targets are stated in. Also the bytes
-of weights one step reads, for the weight-streaming floor.
+medians over rounds are printed with the ratios the decoding targets are stated in. Also the
+weight-streaming floor: the step's matrix products alone (every weight byte read once, with the
+same kernels), timed in the same rounds, and the bandwidth that implies.
 
     .venv/bin/python scripts/decode_parts.py [--rounds 8] [--steps 30] [--threads 1] [--no-compile]
 """
@@ -64,23 +65,34 @@ def main() -> None:
                     print(f"compiled width {width}: first call {time.perf_counter() - t0:.1f} s")
                 parts[f"{'compiled' if compiled else 'eager'} width {width}"] = forward
         vocab = torch.arange(0, cfg.vocab_size, DEFAULT_SHARE)  # a quarter of the vocabulary, as the default
-        for name, model, cls, dv in (("draft sequential D=1", sequential, SequentialDrafter, None),
-                                     ("draft seq D=1, V/4", sequential, SequentialDrafter, vocab),
-                                     ("draft parallel head", parallel, ParallelDrafter, None),
-                                     ("draft par head, V/4", parallel, ParallelDrafter, vocab)):
-            engine = Engine(model.trunk, model)
-            cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
-            drafter = cls(engine, model, 1, 1, cfg.context + 8, dv)
-            seq = torch.zeros(1, cfg.context + 8, dtype=torch.long)
-            seq[0, :P] = torch.tensor(prompt)
-            lengths = torch.tensor([P])
-            drafter.commit(torch.zeros(1, dtype=torch.long), lengths, hidden, shared)
+        for compiled in (False,) if args.no_compile else (False, True):
+            tag = "compiled " if compiled else ""
+            for name, model, cls, dv in (("draft sequential D=1", sequential, SequentialDrafter, None),
+                                         ("draft seq D=1, V/4", sequential, SequentialDrafter, vocab),
+                                         ("draft parallel head", parallel, ParallelDrafter, None),
+                                         ("draft par head, V/4", parallel, ParallelDrafter, vocab)):
+                engine = Engine(model.trunk, model, compile=compiled)
+                cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
+                drafter = cls(engine, model, 1, 1, cfg.context + 8, dv)
+                seq = torch.zeros(1, cfg.context + 8, dtype=torch.long)
+                seq[0, :P] = torch.tensor(prompt)
+                lengths = torch.tensor([P])
+                drafter.commit(torch.zeros(1, dtype=torch.long), lengths, hidden, shared)
 
-            def draft(drafter=drafter, seq=seq, lengths=lengths):
-                drafter.exact = lengths - 1  # one committed position to run, as every step at k = 1
-                drafter.propose(seq, lengths, 0.0, 1.0, None)
-            draft()
-            parts[name] = draft
+                def draft(drafter=drafter, seq=seq, lengths=lengths):
+                    drafter.exact = lengths - 1  # one committed position to run, as every step at k = 1
+                    drafter.propose(seq, lengths, 0.0, 1.0, None)
+                draft()
+                parts[tag + name] = draft
+        floor_engine = Engine(sequential.trunk)
+        matrices = [w for b in floor_engine.blocks for w in (b.w_qkv, b.w_o, b.w_gate_up, b.w_down)]
+        matrices.append(floor_engine.unembed)
+        rows = {n: torch.randn(1, n) for n in {m.shape[0] for m in matrices}}
+
+        def floor():  # the step's products alone: every weight byte read once, with the same kernels
+            for m in matrices:
+                torch.mm(rows[m.shape[0]], m)
+        parts["floor: products only"] = floor
         times = {name: [] for name in parts}
         names = list(parts)
         for r in range(args.rounds):
@@ -97,13 +109,19 @@ def main() -> None:
         print(f"{tag}: t_verify(k+1) / t_step " + "  ".join(f"k={w - 1}: {med[f'{tag} width {w}'] / step:.2f}"
                                                            for w in (2, 3, 4)))
     step = med["eager width 1"]
-    print("t_draft / t_step (eager): " + ", ".join(f"{name[6:]} {med[name] / step:.2f}" for name in med
-                                                    if name.startswith("draft")))
+    for tag in ("eager",) if args.no_compile else ("eager", "compiled"):
+        prefix = "" if tag == "eager" else "compiled "
+        print(f"t_draft / t_step ({tag}): " + ", ".join(
+            f"{name[len(prefix) + 6:]} {med[name] / med[f'{tag} width 1']:.2f}" for name in med
+            if name.startswith(prefix + "draft")))
     if not args.no_compile:
         print(f"compiled / eager step: {med['compiled width 1'] / step:.2f}")
-    step_bytes = sum(p.numel() * p.element_size() for n, p in sequential.trunk.named_parameters()
-                     if n != "embed_tokens.weight" or sequential.trunk.lm_head is None)
-    print(f"weights read per step: {step_bytes / 1e6:.1f} MB (divide by your measured memory bandwidth for the floor)")
+    step_bytes = sum(m.numel() * m.element_size() for m in matrices)
+    floor_s = med["floor: products only"]
+    print(f"weights read per step: {step_bytes / 1e6:.1f} MB; the products alone take {floor_s * 1e3:.3f} ms "
+          f"({step_bytes / floor_s / 1e9:.0f} GB/s): the weight-streaming floor")
+    print("step / floor: " + ", ".join(f"{tag} {med[f'{tag} width 1'] / floor_s:.2f}"
+                                       for tag in (("eager",) if args.no_compile else ("eager", "compiled"))))
 
 
 if __name__ == "__main__":

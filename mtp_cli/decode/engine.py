@@ -2,18 +2,24 @@
 
 Training runs the `nn.Module`s; decoding runs this. At build time the weights are laid out once for
 small-batch products — q/k/v concatenated into one matrix, gate/up into one, every wide matrix
-transposed contiguous (MKL reads that layout faster for a few rows) — read from the same parameters
-(the training modules are untouched; the engine is rebuilt when a parameter changes). A forward is
-then about a dozen tensor calls per layer: RMSNorm, one QKV product, RoPE as `x·cos + roll(x)·sin±`,
-two in-place cache writes, SDPA, the output product fused with the residual (`addmm`), RMSNorm, one
-gate-up product, SiLU·up, the down product fused with the residual. Positions are explicit, so the
-same code serves prefill, the 1-token step, verification at width k+1 and the MTP modules' windows.
+transposed contiguous (MKL reads that layout faster for a few rows), each RMSNorm's weight folded
+into the product that reads its output — from the same parameters (the training modules are
+untouched; the engine is rebuilt when a parameter changes). A forward is then about a dozen tensor
+calls per layer: the norm's scale, one QKV product, RoPE as `x·cos + roll(x)·sin±`, two in-place
+cache writes, SDPA, the output product fused with the residual (`addmm`), the norm, one gate-up
+product, SiLU·up, the down product fused with the residual. Positions are explicit, so the same
+code serves prefill, the 1-token step, verification at width k+1 and the MTP modules' windows.
 
-Two plans for attention. Eager: attend to the keys up to the furthest position written, with no
-mask for one row and one query, SDPA's causal kernel for a fresh prefill, else an additive mask
-built once per forward. Static (for `torch.compile`): every shape is fixed — attend over the whole
-cache capacity, mask from the positions tensor — so the compiled step never recompiles as the
-sequence grows or rolls back. On CUDA it compiles with `mode="reduce-overhead"` (CUDA graphs).
+Attention, eager: attend to the keys up to the furthest position written, with no mask for one row
+and one query, SDPA's causal kernel for a fresh prefill, a view of one precomputed causal mask for a
+one-row window, else an additive mask built once per forward.
+
+Compiled (`compile=True`), two forms:
+- one row on CPU (`step`): the trunk and its unembedding in one graph whose position is a symbol, so
+  it attends only to the keys written and never recompiles as the sequence grows or rolls back;
+- batches, and CUDA: every shape fixed — attend over the whole cache capacity, mask from the
+  positions tensor; on CUDA with `mode="reduce-overhead"` (CUDA graphs).
+The MTP modules run eager: compiled they measured slower on CPU.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def _fold(norm: Tensor, weight: Tensor) -> Tensor:
     return (norm.detach()[:, None] * weight.detach().t()).contiguous()
 
 
-ROW_WIDTH = 16  # widest one-row window the compiled CPU forwards take (decode steps, verification, drafting)
+ROW_WIDTH = 16  # widest one-row window the compiled CPU step takes (decode steps, verification)
 CAUSAL_TABLE = 2048
 TABLE_SLACK = 64  # RoPE/mask tables reach this far past the context (cache capacity + drafts)  # one additive causal mask, (n, n), for windows of one row up to this position
 
@@ -147,14 +153,12 @@ class Engine:
         self._draft_unembeds: dict[tuple, Tensor] = {}
         self.compiled = compile
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
-        self._static = self._row_step = self._row_sequential = self._row_parallel = None
+        self._static = self._row_step = None
         if compile:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
             self._static = torch.compile(self.forward_static, dynamic=False, mode=mode)
             if self.device.type != "cuda":  # one row, any position: symbolic start, no capacity-wide attention
                 self._row_step = torch.compile(self.row_step, dynamic=True)
-                self._row_sequential = torch.compile(self.row_sequential, dynamic=True)
-                self._row_parallel = torch.compile(self.row_parallel, dynamic=True)
 
     # ---- tables and plans ------------------------------------------------------------------------
     def _tables(self, length: int) -> None:
@@ -294,49 +298,29 @@ class Engine:
                           unembed: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """DeepSeek-V3 depth d (1-based) at explicit positions (B, W): h_prev (B, W, d), x_{j+d} tokens.
         Returns (its output (B, W, d), with `unembed` the logits at the window's last column (B, V')).
-        One row's positions are consecutive (the drafters' windows)."""
-        start = int(positions[0, 0]) if self._row_sequential is not None and tokens.shape[0] == 1 else 0
-        if _row_window(start, tokens.shape[1]):
-            return self._timed(self._row_sequential, d, h_prev, tokens, cache.k[0], cache.v[0], start, unembed)
-        h = self._sequential(d, h_prev, tokens, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
-        return h, None if unembed is None else self.head(h[:, -1], unembed)
-
-    def row_sequential(self, d: int, h_prev: Tensor, tokens: Tensor, k_store: Tensor, v_store: Tensor,
-                       start: int, unembed: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        h = self._sequential(d, h_prev, tokens, self.row_plan(start, tokens.shape[1]), k_store, v_store)
-        return h, None if unembed is None else self.head(h[:, -1], unembed)
-
-    def _sequential(self, d: int, h_prev: Tensor, tokens: Tensor, plan: Plan, k_store: Tensor, v_store: Tensor) -> Tensor:
+        Eager, compiled or not: the compiled module measured slower than the eager one on CPU."""
         m = self.sequential[d - 1]
         B, W = tokens.shape
         emb = F.embedding(tokens, self.embed).view(B * W, -1)
         fused = torch.cat([rms(emb, m.eps), rms(h_prev.reshape(B * W, -1), m.eps)], -1)
-        return block_forward(m.block, torch.mm(fused, m.w_eh), plan, k_store, v_store).view(B, W, -1)
+        h = block_forward(m.block, torch.mm(fused, m.w_eh), self.plan(positions, cache.capacity),
+                          cache.k[0], cache.v[0]).view(B, W, -1)
+        return h, None if unembed is None else self.head(h[:, -1], unembed)
 
     def parallel_head(self, j: int, shared: Tensor, positions: Tensor, cache: StaticKVCache,
                       unembed: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Meta head j+2 (j 0-based over the extra heads) on the shared state (B, W, d) at positions (B, W);
         returns as `sequential_module`."""
-        start = int(positions[0, 0]) if self._row_parallel is not None and shared.shape[0] == 1 else 0
-        if _row_window(start, shared.shape[1]):
-            return self._timed(self._row_parallel, j, shared, cache.k[0], cache.v[0], start, unembed)
-        h = self._parallel(j, shared, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
-        return h, None if unembed is None else self.head(h[:, -1], unembed)
-
-    def row_parallel(self, j: int, shared: Tensor, k_store: Tensor, v_store: Tensor, start: int,
-                     unembed: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        h = self._parallel(j, shared, self.row_plan(start, shared.shape[1]), k_store, v_store)
-        return h, None if unembed is None else self.head(h[:, -1], unembed)
-
-    def _parallel(self, j: int, shared: Tensor, plan: Plan, k_store: Tensor, v_store: Tensor) -> Tensor:
         B, W, _ = shared.shape
-        return block_forward(self.heads[j], shared.reshape(B * W, -1), plan, k_store, v_store).view(B, W, -1)
+        h = block_forward(self.heads[j], shared.reshape(B * W, -1), self.plan(positions, cache.capacity),
+                          cache.k[0], cache.v[0]).view(B, W, -1)
+        return h, None if unembed is None else self.head(h[:, -1], unembed)
 
 
 def _row_window(start: int, width: int) -> bool:
-    """Whether a one-row window runs compiled: a decode step, verification or a drafter's window, after
-    position 0 (which torch.compile would specialise on) and no wider than `ROW_WIDTH` (wider windows
-    are prefills, one per call: they run eager and compile nothing)."""
+    """Whether a one-row window runs compiled: a decode step or verification, after position 0 (which
+    torch.compile would specialise on) and no wider than `ROW_WIDTH` (wider windows are prefills, one
+    per call: they run eager and compile nothing)."""
     return 0 < start and width <= ROW_WIDTH
 
 
