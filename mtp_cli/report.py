@@ -228,6 +228,9 @@ def inference_section(r: ResultSet) -> Section:
               ["variant", "batch", "ours greedy", "ours MTP", *PEERS.values(), "ours greedy ÷ HF generate",
                "MTP ÷ best peer"], speed_rows, speed_notes, empty="no specbench results stored."),
     ]
+    parts = _parts_table(r, primary)
+    if parts:
+        tables.append(parts)
     proxy_rows, source = [], set()
     for v in r.variants:
         for k in range(1, int(r.first(v, "n_extra") or 0) + 1):
@@ -255,6 +258,37 @@ def _condition_label(r: ResultSet, variant: str, name: str, primary: str | None)
     temp = cond.get("temperature")
     label = f"{source} × T={temp:g}" if source and isinstance(temp, (int, float)) else str(name)
     return label + (" (primary)" if name == primary and len(r.condition_names) > 1 else "")
+
+
+def _parts_table(r: ResultSet, primary: str | None) -> Table | None:
+    """Where the time of one speculative step goes (primary condition, smallest batch): the parts
+    relative to a plain step, and the break-even MAL at which drafting starts to pay."""
+    rows, vocab_notes = [], set()
+    for v in r.variants:
+        by_batch = r.spec_by_batch(v, primary)
+        mtp = by_batch[0][1].get(results.MTP_METHOD) if by_batch else None
+        if not mtp:
+            continue
+        k = int(r.first(v, "n_extra") or 1)
+        step, draft = mtp.get("t_forward_step_s"), mtp.get("t_draft_s")
+        verify = (mtp.get("t_verify_by_k_s") or {}).get(str(k))
+        ok = all(isinstance(x, (int, float)) and x > 0 for x in (step, draft, verify))
+        rows.append([v, str(by_batch[0][0]), _num(step * 1e3 if ok else None, 2),
+                     _num(verify / step if ok else None, 2), _num(draft / step if ok else None, 2),
+                     _num((verify + draft) / step if ok else None, 2), _num(mtp.get("mean_acceptance_length"), 2)])
+        for run in r.seeds(v).values():
+            dv = run.spec.get("draft_vocab") or {}
+            if dv.get("size") and dv.get("vocab_size") and dv["size"] < dv["vocab_size"]:
+                vocab_notes.add(f"the modules draft from the {dv['size']} most frequent training tokens of "
+                                f"{dv['vocab_size']} (the trunk verifies over all of them, so output is unchanged)")
+    if not rows:
+        return None
+    notes = ["per step: T_step is one plain decoding step (the trunk's forward and unembedding), T_verify(k) the "
+             "same over the pending token and k drafts, T_draft the modules' drafting; break-even MAL = "
+             "(T_verify + T_draft) / T_step: drafting pays only above it", *sorted(vocab_notes)]
+    return Table("Where a speculative step's time goes (primary condition, medians)",
+                 ["variant", "batch", "T_step ms", "T_verify ÷ T_step", "T_draft ÷ T_step", "break-even MAL",
+                  "measured MAL"], rows, notes)
 
 
 def _degenerate_warning(r: ResultSet, primary: str | None) -> str:

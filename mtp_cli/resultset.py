@@ -322,4 +322,6 @@ def _seed_mean(vals: list):
     if vals and all(isinstance(v, list) for v in vals) and all(not isinstance(x, dict) for v in vals for x in v):
         width = min(len(v) for v in vals)
         return [_seed_mean([v[i] for v in vals]) for i in range(width)]
+    if vals and all(isinstance(v, dict) for v in vals) and all(isinstance(x, (int, float)) for v in vals for x in v.values()):
+        return {key: _seed_mean([v[key] for v in vals]) for key in vals[0] if all(key in v for v in vals)}  # per k
     return vals[0] if vals else None

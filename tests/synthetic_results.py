@@ -102,7 +102,8 @@ def _condition(name: str, source: str, seed: int, rate: float, mtp: bool, degene
         methods["mtp"] = {"tokens_per_s": 120.0, "speedup": 1.2, "speedup_ci": [1.1, 1.3], "lossless": True,
                           "acceptance_rate": acc / drafted, "acceptance_rate_ci": [acc / drafted - 0.05, acc / drafted + 0.05],
                           "mean_acceptance_length": 1 + acc / drafted, "per_position_acceptance": [acc / drafted],
-                          "per_prompt": rows, "ideal_speedup": 1.4}
+                          "per_prompt": rows, "ideal_speedup": 1.4, "t_forward_step_s": 0.002 + 0.0002 * seed,
+                          "t_verify_by_k_s": {"1": 0.0022 + 0.0002 * seed}, "t_draft_s": 0.0008}
     return {"name": name, "prompts": {"source": source, "count": len(rows)}, "temperature": 0.0,
             "results": {"1": methods}, "summary": {}, "skipped": {},
             "text": {"degenerate_share": degenerate, "whitespace_share": degenerate / 3, "n_outputs": len(rows)}}
@@ -111,5 +112,6 @@ def _condition(name: str, source: str, seed: int, rate: float, mtp: bool, degene
 def _spec(variant: str, seed: int, degenerate: float) -> dict:
     mtp = variant != "ntp"
     return {"schema": 2, "objective": VARIANTS[variant], "draft_len": 1, "primary": "heldout-greedy",
+            "draft_vocab": {"size": 256, "vocab_size": 1024, "training_share": 0.8} if mtp else None,
             "conditions": [_condition("heldout-greedy", "heldout", seed, 0.6, mtp, degenerate),
                            _condition("humaneval-greedy", "humaneval", seed, 0.3, mtp, 0.1)]}

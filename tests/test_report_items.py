@@ -115,6 +115,20 @@ def test_report_on_planted_results(synth):
     assert "degenerate in the primary condition" in terminal and "noise floor" in terminal
 
 
+def test_parts_table_gives_the_break_even_mal(synth):
+    """T_verify / T_step, T_draft / T_step and the break-even MAL, from the seed means of the stored parts."""
+    from mtp_cli.report import _parts_table
+    from mtp_cli.resultset import load
+
+    table = _parts_table(load(synth), "heldout-greedy")
+    (row,) = table.rows  # NTP has no modules: one row
+    step, verify, draft = (0.002 + 0.0022) / 2, (0.0022 + 0.0024) / 2, 0.0008  # seed means
+    assert row[0] == "seq-d1" and row[2] == f"{step * 1e3:.2f}"
+    assert row[3] == f"{verify / step:.2f}" and row[4] == f"{draft / step:.2f}"
+    assert row[5] == f"{(verify + draft) / step:.2f}"
+    assert any("256 most frequent training tokens of 1024" in n for n in table.notes)
+
+
 def test_summary_gains_gold_bpb_and_text_shares(synth):
     report.render_report(synth)
     frame = pd.read_csv(synth / "summary.csv").set_index("run")
