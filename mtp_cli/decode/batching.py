@@ -75,14 +75,11 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
     generator = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
     if speculative:
-        from mtp_cli.decode.draft_vocab import default_size, run_counts, top_tokens
+        from mtp_cli.decode.draft_vocab import draft_vocabulary
         from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
 
         stats = SpecStats(draft_len_for(run.model, draft_len))
-        size = default_size(run.recipe.model.vocab_size) if draft_vocab is None else draft_vocab
-        if size < 0:
-            raise UserError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {size}")
-        vocab = top_tokens(run_counts(run), size) if 0 < size < run.recipe.model.vocab_size else None
+        vocab, _ = draft_vocabulary(run, draft_vocab)
         (out,) = speculative_generate(run.model, [ids], max_new_tokens, draft_len=stats.k, temperature=temperature,
                                       top_p=top_p, eos_id=run.tokenizer.eos_token_id, generator=generator, stats=stats,
                                       compile=compile, draft_vocab=vocab)

@@ -40,7 +40,7 @@ from mtp_cli.decode.conditions import Condition, plan_conditions
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
-from mtp_cli.decode.draft_vocab import coverage, default_size, run_counts, top_tokens
+from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
 from mtp_cli.decode.engine import default_compile, engine_for
 from mtp_cli.decode.timing import PhaseTimer, forward_costs
@@ -99,8 +99,6 @@ def run_specbench(run_dir, prompts: str | Sequence[str] = "humaneval", limit: in
         raise UserError(f"--peers must be one of {', '.join(PEER_SCOPES)}, got {peers!r}")
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
-    if draft_vocab is not None and draft_vocab < 0:
-        raise UserError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {draft_vocab}")
     saved = torch.get_num_threads()
     torch.set_num_threads(threads or saved)
     try:
@@ -122,7 +120,7 @@ def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_ne
     draft = _load_draft(draft_run, run, device) if draft_run else None
     model = run.model
     k = draft_len_for(model, draft_len) if model.n_extra else None
-    vocab, vocab_info = _draft_vocabulary(run, draft_vocab) if k else (None, None)
+    vocab, vocab_info = draft_vocabulary(run, draft_vocab) if k else (None, None)
     hf = _hf_model(run)
     hf_draft = _hf_model(draft) if draft is not None else None
     plans = [(c, *_runners(c, run, hf, hf_draft, max_new_tokens, k, compile, peers == "all" or c.name == primary,
@@ -186,17 +184,6 @@ def _prompt_ids(run, source: str, limit, max_new_tokens: int, gsm8k_data) -> tup
             "max_tokens": max(len(x) for x in ids), "truncated": sum(len(x) > keep for x in full),
             "kept_tokens": keep}
     return ids, info | ({"documents": origin} if origin else {})
-
-
-def _draft_vocabulary(run, size: int | None) -> tuple[torch.Tensor | None, dict]:
-    """The MTP modules' draft vocabulary (decode/draft_vocab.py) and what the report says of it."""
-    V = run.recipe.model.vocab_size
-    size = default_size(V) if size is None else size
-    if size == 0 or size >= V:
-        return None, {"size": V, "vocab_size": V, "training_share": 1.0}
-    counts = run_counts(run)
-    ids = top_tokens(counts, size)
-    return ids, {"size": size, "vocab_size": V, "training_share": coverage(counts, ids)}
 
 
 def _load_draft(draft_run, run, device):

@@ -48,6 +48,22 @@ def top_tokens(counts: torch.Tensor, size: int) -> torch.Tensor | None:
     return torch.tensor(sorted(order[:size]), dtype=torch.long)
 
 
+def draft_vocabulary(run, size: int | None) -> tuple[torch.Tensor | None, dict]:
+    """A run's draft vocabulary for `--draft-vocab size` (None: the default; 0: all) and what a report
+    says of it: (ids or None for the whole vocabulary, {size, vocab_size, training_share})."""
+    from mtp_cli.errors import UserError
+
+    V = run.recipe.model.vocab_size
+    size = default_size(V) if size is None else size
+    if size < 0:
+        raise UserError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {size}")
+    if size == 0 or size >= V:
+        return None, {"size": V, "vocab_size": V, "training_share": 1.0}
+    counts = run_counts(run)
+    ids = top_tokens(counts, size)
+    return ids, {"size": size, "vocab_size": V, "training_share": coverage(counts, ids)}
+
+
 def coverage(counts: torch.Tensor, ids: torch.Tensor | None) -> float:
     """The share of training tokens whose id is in the draft vocabulary."""
     total = int(counts.sum())

@@ -161,6 +161,10 @@ class _ModuleDrafter(Drafter):
         self.exact = torch.zeros(batch, dtype=torch.long, device=engine.device)
         self.steps = torch.arange(capacity, device=engine.device)
 
+    def _pick(self, logits: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
+        """A draft from logits over the draft vocabulary (`_pick`)."""
+        return _pick(logits, temperature, top_p, generator, self.vocab, self.vocab_size)
+
     def _store(self, start: Tensor, states: Tensor) -> None:
         if len(start) == 1:  # one row: slices, not index tensors (fewer, cheaper calls per step)
             s = int(start[0])
@@ -199,9 +203,6 @@ class SequentialDrafter(_ModuleDrafter):
 
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
         self._store(start, hidden)
-
-    def _pick(self, logits: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
-        return _pick(logits, temperature, top_p, generator, self.vocab, self.vocab_size)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
         engine = self.engine
@@ -257,7 +258,7 @@ class ParallelDrafter(_ModuleDrafter):
             one = len(lengths) == 1
             h, logits = self.engine.parallel_head(j, shared, positions, self.caches[j], self.unembed if one else None)
             logits = logits if one else self.engine.head(h[rows, last], self.unembed)
-            tok, q = _pick(logits, temperature, top_p, generator, self.vocab, self.vocab_size)
+            tok, q = self._pick(logits, temperature, top_p, generator)
             drafts.append(tok)
             probs.append(q)
         self.exact = lengths.clone()
