@@ -175,9 +175,10 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     assert speculative_generate(model, [first], 12, compile=True) == generate(model.trunk, [first], 12)
     engine = engine_for(model.trunk, model, compile=True)
     assert engine._row_step is not None and engine.compile_s > 0
-    graphs = compiled_graphs()
     with torch.no_grad():
         cache, _, _, _ = prefill(engine, [first], cache_capacity(engine, 20))  # the capacity generate uses
+        engine.step(torch.tensor([[3]]), cache)  # this engine's own one-token graph (its weights are constants)
+        graphs = compiled_graphs()
         start = int(cache.lengths[0])
         for step in range(200):
             engine.step(torch.tensor([[step % 500]]), cache)

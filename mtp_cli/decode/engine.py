@@ -46,15 +46,28 @@ def _fold(norm: Tensor, weight: Tensor) -> Tensor:
     return (norm.detach()[:, None] * weight.detach().t()).contiguous()
 
 
+# On CPU: the weights frozen into the graph as constants (no grad is ever on while decoding), so that
+# inductor can pre-pack them and pick, per product shape, between MKL and its own AVX2/AVX-512 GEMM
+# micro-kernels by timing both once (a few seconds per shape); its kernels keep a few-row product
+# (verification) near the cost of one row, where MKL's cost grows with each row on some CPUs.
+CPU_COMPILE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}  # and freezing: `Engine._timed`
 ROW_WIDTH = 16  # widest one-row window the compiled CPU step takes (decode steps, verification)
 CAUSAL_TABLE = 2048
 TABLE_SLACK = 64  # RoPE/mask tables reach this far past the context (cache capacity + drafts)  # one additive causal mask, (n, n), for windows of one row up to this position
 
 
-class BlockWeights:
+def _buffers(module: torch.nn.Module, **tensors: Tensor | None) -> None:
+    """Register tensors as (non-persistent) buffers: a compiled forward then sees them as the module's
+    constants, which inductor's freezing folds into the graph (and packs for its GEMM kernels)."""
+    for name, t in tensors.items():
+        module.register_buffer(name, t, persistent=False)
+
+
+class BlockWeights(torch.nn.Module):
     """One `Block`'s weights in decode layout (its two norms' weights folded into the products after them)."""
 
     def __init__(self, block):
+        super().__init__()
         attn, mlp = block.self_attn, block.mlp
         self.n_heads, self.kv_heads, self.head_dim = attn.n_heads, attn.kv_heads, attn.head_dim
         self.qk_v = [(attn.n_heads + attn.kv_heads) * attn.head_dim, attn.kv_heads * attn.head_dim]  # qkv's split
@@ -62,25 +75,28 @@ class BlockWeights:
         self.gqa = attn.n_heads != attn.kv_heads
         self.ffn = mlp.gate_proj.weight.shape[0]
         w = attn.q_proj.weight
-        self.eps = torch.tensor(block.input_layernorm.eps, dtype=w.dtype, device=w.device)
-        self.w_qkv = _fold(block.input_layernorm.weight, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
         biased = attn.q_proj.bias is not None  # Qwen2 checkpoints: q, k and v carry biases together
-        self.b_qkv = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach() if biased else None
-        self.w_o = attn.o_proj.weight.detach().t()
-        self.w_gate_up = _fold(block.post_attention_layernorm.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-        self.w_down = mlp.down_proj.weight.detach().t()
+        _buffers(self, eps=torch.tensor(block.input_layernorm.eps, dtype=w.dtype, device=w.device),
+                 w_qkv=_fold(block.input_layernorm.weight, torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                                                      attn.v_proj.weight])),
+                 b_qkv=torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach() if biased else None,
+                 w_o=attn.o_proj.weight.detach().t(),
+                 w_gate_up=_fold(block.post_attention_layernorm.weight, torch.cat([mlp.gate_proj.weight,
+                                                                                   mlp.up_proj.weight])),
+                 w_down=mlp.down_proj.weight.detach().t())
 
 
-class SequentialWeights:
+class SequentialWeights(torch.nn.Module):
     """One DeepSeek-V3 MTP module: the fusing projection (enorm and hnorm folded in), its block, and
     the shared unembedding with the module's own output norm folded in."""
 
     def __init__(self, module, unembed: Tensor):
-        self.eps = torch.tensor(module.enorm.eps, dtype=unembed.dtype, device=unembed.device)
-        self.w_eh = _fold(torch.cat([module.enorm.weight, module.hnorm.weight]), module.eh_proj.weight)
+        super().__init__()
+        out_norm = module.shared_head.norm.weight.detach()
+        _buffers(self, eps=torch.tensor(module.enorm.eps, dtype=unembed.dtype, device=unembed.device),
+                 w_eh=_fold(torch.cat([module.enorm.weight, module.hnorm.weight]), module.eh_proj.weight),
+                 out_norm=out_norm, unembed=_fold(out_norm, unembed))
         self.block = BlockWeights(module.block)
-        self.out_norm = module.shared_head.norm.weight.detach()
-        self.unembed = _fold(self.out_norm, unembed)
 
 
 @dataclass
@@ -130,35 +146,38 @@ def _param_key(module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in module.parameters())
 
 
-class Engine:
-    """Decode-layout weights of a trunk (and of an MTP model's modules, if given), the RoPE tables,
-    and the forwards. `compile=True` compiles the fixed-shape trunk forward (`forward_static`) used
-    by the 1-token step and verification; prefill and the drafters run eager."""
+class Engine(torch.nn.Module):
+    """Decode-layout weights of a trunk (and of an MTP model's modules, if given) as buffers, the RoPE
+    tables, and the forwards. `compile=True` compiles the trunk's step and verification (see the module
+    docstring); prefill and the drafters run eager. Not a training module: nothing here has gradients."""
 
     def __init__(self, trunk, model=None, compile: bool = False):
-        self.trunk, self.cfg = trunk, trunk.cfg
+        super().__init__()
+        self.__dict__["trunk"] = trunk  # read for its RoPE tables; not a submodule (its weights stay out)
+        self.cfg = trunk.cfg
         w = trunk.embed_tokens.weight
         self.device, self.dtype = w.device, w.dtype
-        self.embed = w.detach()
-        self.blocks = [BlockWeights(b) for b in trunk.layers]
-        self.norm = trunk.norm.weight.detach()
-        self.eps = torch.tensor(trunk.norm.eps, dtype=self.dtype, device=self.device)
-        self.unembed = _fold(self.norm, trunk.unembed_weight)
-        self.sequential, self.heads = [], []
-        if model is not None and model.objective == "sequential":
-            self.sequential = [SequentialWeights(m, trunk.unembed_weight) for m in model.mtp]
-        elif model is not None and model.objective == "parallel":
-            self.heads = [BlockWeights(b) for b in model.mtp]
+        norm = trunk.norm.weight.detach()
+        _buffers(self, embed=w.detach(), norm=norm, eps=torch.tensor(trunk.norm.eps, dtype=self.dtype, device=self.device),
+                 unembed=_fold(norm, trunk.unembed_weight))
+        self.blocks = torch.nn.ModuleList(BlockWeights(b) for b in trunk.layers)
+        sequential = model is not None and model.objective == "sequential"
+        parallel = model is not None and model.objective == "parallel"
+        self.sequential = torch.nn.ModuleList(SequentialWeights(m, trunk.unembed_weight) for m in model.mtp) \
+            if sequential else torch.nn.ModuleList()
+        self.heads = torch.nn.ModuleList(BlockWeights(b) for b in model.mtp) if parallel else torch.nn.ModuleList()
         self._tables(trunk.cfg.context + TABLE_SLACK)  # room for the drafters' caches, so compiled graphs see one size
-        self._draft_unembeds: dict[tuple, Tensor] = {}
+        self._draft_unembeds: dict[tuple, str] = {}  # (unembedding, vocabulary) -> buffer name
+        self._names: dict[int, str] = {}  # data_ptr -> buffer name
         self.compiled = compile
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
-        self._static = self._row_step = None
-        if compile:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._static = torch.compile(self.forward_static, dynamic=False, mode=mode)
-            if self.device.type != "cuda":  # one row, any position: symbolic start, no capacity-wide attention
-                self._row_step = torch.compile(self.row_step, dynamic=True)
+        self._static = self._row_step = self._row_module = None
+        if compile and self.device.type == "cuda":
+            self._static = torch.compile(self.forward_static, dynamic=False, mode="reduce-overhead")
+        elif compile:  # one row, any position: symbolic start, no capacity-wide attention
+            self.__dict__["_static"] = torch.compile(_StaticForward(self), dynamic=False, options=CPU_COMPILE)
+            self.__dict__["_row_step"] = torch.compile(_RowStep(self), dynamic=True, options=CPU_COMPILE)
+            self.__dict__["_row_module"] = torch.compile(_RowModule(self), dynamic=True, options=CPU_COMPILE)
 
     # ---- tables and plans ------------------------------------------------------------------------
     def _tables(self, length: int) -> None:
@@ -268,10 +287,22 @@ class Engine:
         return self._timed(self._static, tokens, positions, cache.k, cache.v)
 
     def _timed(self, compiled, *args):
-        """Call a compiled forward; the calls that built a graph add their wall time to `compile_s`."""
+        """Call a compiled forward; the calls that built a graph add their wall time to `compile_s`.
+        On CPU the weights are frozen into the graphs it builds (`CPU_COMPILE`): dynamo reads that flag
+        from the global config while it traces, so it is set for this call only (a training model's
+        compiled blocks, run under no_grad for validation, must not freeze their changing weights)."""
         graphs = compiled_graphs()
         t0 = time.perf_counter()
-        out = compiled(*args)
+        if self._row_step is None:  # CUDA: no freezing
+            out = compiled(*args)
+        else:
+            from torch._inductor import config
+
+            config.freezing = True
+            try:
+                out = compiled(*args)
+            finally:
+                config.freezing = False
         if compiled_graphs() != graphs:
             self.compile_s += time.perf_counter() - t0
         return out
@@ -281,13 +312,16 @@ class Engine:
         return rms(hidden, self.eps) * (self.norm if norm is None else norm)
 
     def draft_unembed(self, unembed: Tensor, vocab: Tensor | None) -> Tensor:
-        """An unembedding's columns for a draft vocabulary (decode/draft_vocab.py), made once per vocabulary."""
+        """An unembedding's columns for a draft vocabulary (decode/draft_vocab.py), made once per
+        vocabulary and kept as a buffer (a compiled drafter reads it as a constant)."""
         if vocab is None:
             return unembed
         key = (unembed.data_ptr(), vocab.cpu().numpy().tobytes())
         if key not in self._draft_unembeds:
-            self._draft_unembeds[key] = unembed.index_select(1, vocab.to(unembed.device)).contiguous()
-        return self._draft_unembeds[key]
+            name = f"draft_unembed_{len(self._draft_unembeds)}"
+            self.register_buffer(name, unembed.index_select(1, vocab.to(unembed.device)).contiguous(), persistent=False)
+            self._draft_unembeds[key] = name
+        return self.get_buffer(self._draft_unembeds[key])
 
     def head(self, hidden: Tensor, unembed: Tensor | None = None) -> Tensor:
         """Logits from hidden states before the final norm; `unembed` a module's own (its norm folded in)."""
@@ -297,24 +331,46 @@ class Engine:
     def sequential_module(self, d: int, h_prev: Tensor, tokens: Tensor, positions: Tensor, cache: StaticKVCache,
                           unembed: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """DeepSeek-V3 depth d (1-based) at explicit positions (B, W): h_prev (B, W, d), x_{j+d} tokens.
-        Returns (its output (B, W, d), with `unembed` the logits at the window's last column (B, V')).
-        Eager, compiled or not: the compiled module measured slower than the eager one on CPU."""
-        m = self.sequential[d - 1]
-        B, W = tokens.shape
-        emb = F.embedding(tokens, self.embed).view(B * W, -1)
-        fused = torch.cat([rms(emb, m.eps), rms(h_prev.reshape(B * W, -1), m.eps)], -1)
-        h = block_forward(m.block, torch.mm(fused, m.w_eh), self.plan(positions, cache.capacity),
-                          cache.k[0], cache.v[0]).view(B, W, -1)
-        return h, None if unembed is None else self.head(h[:, -1], unembed)
+        Returns (its output (B, W, d), with `unembed` the logits at the window's last column (B, V'))."""
+        return self._module_forward(d - 1, h_prev, tokens, positions, cache, unembed)
 
     def parallel_head(self, j: int, shared: Tensor, positions: Tensor, cache: StaticKVCache,
                       unembed: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Meta head j+2 (j 0-based over the extra heads) on the shared state (B, W, d) at positions (B, W);
         returns as `sequential_module`."""
-        B, W, _ = shared.shape
-        h = block_forward(self.heads[j], shared.reshape(B * W, -1), self.plan(positions, cache.capacity),
-                          cache.k[0], cache.v[0]).view(B, W, -1)
+        return self._module_forward(j, shared, None, positions, cache, unembed)
+
+    def _module_forward(self, i: int, x: Tensor, tokens: Tensor | None, positions: Tensor, cache: StaticKVCache,
+                        unembed: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Module i (sequential when `tokens` are given, else a parallel head); one row at consecutive
+        positions runs compiled when the engine is (as the trunk's `step`), anything else eager."""
+        B, W = positions.shape
+        start = int(positions[0, 0]) if self._row_module is not None and B == 1 else 0
+        if _row_window(start, W) and int(positions[0, -1]) == start + W - 1:
+            name = None if unembed is None else self._buffer_name(unembed)
+            return self._timed(self._row_module, i, x, tokens, cache.k[0], cache.v[0], start, name)
+        h = self._module(i, x, tokens, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
         return h, None if unembed is None else self.head(h[:, -1], unembed)
+
+    def row_module(self, i: int, x: Tensor, tokens: Tensor | None, k_store: Tensor, v_store: Tensor, start: int,
+                   unembed: str | None) -> tuple[Tensor, Tensor | None]:
+        """`_module_forward` for one row at positions start.. (CPU, compiled; `unembed` a buffer's name)."""
+        h = self._module(i, x, tokens, self.row_plan(start, x.shape[1]), k_store, v_store)
+        return h, None if unembed is None else self.head(h[:, -1], self.get_buffer(unembed))
+
+    def _module(self, i: int, x: Tensor, tokens: Tensor | None, plan: Plan, k_store: Tensor, v_store: Tensor) -> Tensor:
+        B, W, _ = x.shape
+        if tokens is None:
+            return block_forward(self.heads[i], x.reshape(B * W, -1), plan, k_store, v_store).view(B, W, -1)
+        m = self.sequential[i]
+        emb = F.embedding(tokens, self.embed).view(B * W, -1)
+        fused = torch.cat([rms(emb, m.eps), rms(x.reshape(B * W, -1), m.eps)], -1)
+        return block_forward(m.block, torch.mm(fused, m.w_eh), plan, k_store, v_store).view(B, W, -1)
+
+    def _buffer_name(self, t: Tensor) -> str:
+        if t.data_ptr() not in self._names:
+            self._names.update({b.data_ptr(): n for n, b in self.named_buffers()})
+        return self._names[t.data_ptr()]
 
 
 def _row_window(start: int, width: int) -> bool:
@@ -322,6 +378,32 @@ def _row_window(start: int, width: int) -> bool:
     torch.compile would specialise on) and no wider than `ROW_WIDTH` (wider windows are prefills, one
     per call: they run eager and compile nothing)."""
     return 0 < start and width <= ROW_WIDTH
+
+
+class _Compiled(torch.nn.Module):
+    """One of the engine's methods as a module's forward, for `torch.compile`: compiled so, the
+    engine's buffers are the module's own, which inductor's freezing takes as constants (a compiled
+    bound method gets them as inputs). Not registered on the engine (it holds the engine, not the
+    other way round). One subclass per method: dynamo keeps its graphs per code object."""
+
+    def __init__(self, engine: Engine):
+        super().__init__()
+        self.engine = engine
+
+
+class _StaticForward(_Compiled):
+    def forward(self, *args):
+        return self.engine.forward_static(*args)
+
+
+class _RowStep(_Compiled):
+    def forward(self, *args):
+        return self.engine.row_step(*args)
+
+
+class _RowModule(_Compiled):
+    def forward(self, *args):
+        return self.engine.row_module(*args)
 
 
 class _Stores:
@@ -348,9 +430,9 @@ def engine_for(trunk, model=None, compile: bool | None = False) -> Engine:
     if compile is None:
         compile = default_compile(trunk.embed_tokens.weight.device)
     owner = model if model is not None else trunk
-    key = (_param_key(owner), compile)
-    cached = owner.__dict__.get("_decode_engine")
+    key = _param_key(owner)
+    engines = owner.__dict__.setdefault("_decode_engines", {})  # compiled or not -> (key, engine)
+    cached = engines.get(compile)
     if cached is None or cached[0] != key:
-        cached = (key, Engine(trunk, model, compile))
-        owner.__dict__["_decode_engine"] = cached
+        cached = engines[compile] = (key, Engine(trunk, model, compile))
     return cached[1]
