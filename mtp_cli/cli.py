@@ -15,6 +15,9 @@ from mtp_cli.errors import UserError
 # process holds a core, makes every op wait at a barrier (measured: README, "Threads").
 DECODE_THREADS = 1
 
+DECODE_COMPILE_HELP = ("torch.compile the decoder (default: on CUDA only; on CPU its step is faster, but compiling "
+                       "takes about a minute, more than a short run saves).")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train NTP vs multi-token-prediction models, evaluate the trunk, benchmark MTP drafting.")
 
@@ -135,8 +138,7 @@ def eval_(
                                      "of a run: the 'before' row of continued pretraining."),
     recipe: Optional[str] = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
                                          "(default: quick)."),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
-                                                                                "(default: on CUDA only; on CPU it is no faster)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     from mtp_cli import paths
@@ -166,8 +168,7 @@ def generate(
     draft_vocab: Optional[int] = typer.Option(None, help="With --speculative: draft from this many of the most frequent "
                                                          "training tokens (default: a quarter of the vocabulary; 0: all)."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
-                                                                                "(default: on CUDA only; on CPU it is no faster)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
 ) -> None:
     """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
     from mtp_cli.decode.batching import complete
@@ -209,8 +210,7 @@ def specbench(
                                               "[default: $MTP_GSM8K_DATA, else the repository's data/gsm8k]."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads during the benchmark (1: fastest on busy cores)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the decode step "
-                                                                                "(default: on CUDA only; on CPU it is no faster)."),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
 ) -> None:
     """End-to-end latency: plain decoding vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers,
     with the share of the timed text that is a repetition loop."""

@@ -189,6 +189,9 @@ def test_compiled_one_row_equals_eager_without_recompiling():
         assert generate(model.trunk, [p], 16, compile=True) == generate(model.trunk, [p], 16)
         assert speculative_generate(model, [p], 16, compile=True) == generate(model.trunk, [p], 16)
     assert compiled_graphs() == graphs, "the one-row compiled forwards recompiled"
+    # the weights were frozen into those graphs for their calls only: a training model's compiled
+    # blocks, validated under no_grad, must keep reading their changing weights
+    assert torch._inductor.config.freezing is False
 
 
 @pytest.mark.slow

@@ -15,11 +15,16 @@ and one query, SDPA's causal kernel for a fresh prefill, a view of one precomput
 one-row window, else an additive mask built once per forward.
 
 Compiled (`compile=True`), two forms:
-- one row on CPU (`step`): the trunk and its unembedding in one graph whose position is a symbol, so
-  it attends only to the keys written and never recompiles as the sequence grows or rolls back;
+- one row on CPU (`step`, and the MTP modules' windows): the trunk and its unembedding in one graph
+  whose position is a symbol, so it attends only to the keys written and never recompiles as the
+  sequence grows or rolls back;
 - batches, and CUDA: every shape fixed — attend over the whole cache capacity, mask from the
   positions tensor; on CUDA with `mode="reduce-overhead"` (CUDA graphs).
-The MTP modules run eager: compiled they measured slower on CPU.
+On CPU the weights are frozen into the graphs as constants and inductor times its own GEMM
+micro-kernels against MKL per product shape (`CPU_COMPILE`): that is what keeps verifying k drafts
+near the cost of one step (MKL's few-row products cost nearly a row each on some CPUs). Each engine
+compiles its own graphs (its weights are in them); the engine is rebuilt, and recompiled, when a
+parameter changes.
 """
 
 from __future__ import annotations
@@ -413,7 +418,8 @@ class _Stores:
 
 def default_compile(device: torch.device | str) -> bool:
     """`--compile`'s default: on CUDA (CUDA graphs remove the per-call launch cost); not on CPU, where
-    the compiled step measured no faster than the eager one and compiling costs seconds."""
+    the compiled step is faster but its compiling and kernel timing take about a minute, more than a
+    quick run's decoding saves (docs/decoding.md)."""
     return torch.device(device).type == "cuda"
 
 
