@@ -18,8 +18,9 @@ Compiled (`compile=True`), two forms:
 - one row on CPU (`step`, and the MTP modules' windows): the trunk and its unembedding in one graph
   whose position is a symbol, so it attends only to the keys written and never recompiles as the
   sequence grows or rolls back;
-- batches, and CUDA: every shape fixed — attend over the whole cache capacity, mask from the
-  positions tensor; on CUDA with `mode="reduce-overhead"` (CUDA graphs).
+- on CUDA: every shape fixed — attend over the whole cache capacity, mask from the positions
+  tensor — with `mode="reduce-overhead"` (CUDA graphs). On CPU batches run eager: fixed-shape graphs
+  that attend over the whole capacity measured slower than eager at batch size 4.
 On CPU the weights are frozen into the graphs as constants and inductor times its own GEMM
 micro-kernels against MKL per product shape (`CPU_COMPILE`): that is what keeps verifying k drafts
 near the cost of one step (MKL's few-row products cost nearly a row each on some CPUs). Each engine
@@ -55,7 +56,8 @@ def _fold(norm: Tensor, weight: Tensor) -> Tensor:
 # inductor can pre-pack them and pick, per product shape, between MKL and its own AVX2/AVX-512 GEMM
 # micro-kernels by timing both once (a few seconds per shape); its kernels keep a few-row product
 # (verification) near the cost of one row, where MKL's cost grows with each row on some CPUs.
-CPU_COMPILE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}  # and freezing: `Engine._timed`
+CPU_COMPILE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",  # and freezing: `Engine._timed`
+               "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # no timing tables on stderr
 ROW_WIDTH = 16  # widest one-row window the compiled CPU step takes (decode steps, verification)
 CAUSAL_TABLE = 2048
 TABLE_SLACK = 64  # RoPE/mask tables reach this far past the context (cache capacity + drafts)  # one additive causal mask, (n, n), for windows of one row up to this position
@@ -175,12 +177,12 @@ class Engine(torch.nn.Module):
         self._draft_unembeds: dict[tuple, str] = {}  # (unembedding, vocabulary) -> buffer name
         self._names: dict[int, str] = {}  # data_ptr -> buffer name
         self.compiled = compile
+        self.static = compile and self.device.type == "cuda"  # batches run one fixed-shape graph per shape
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
         self._static = self._row_step = self._row_module = None
-        if compile and self.device.type == "cuda":
+        if self.static:
             self._static = torch.compile(self.forward_static, dynamic=False, mode="reduce-overhead")
-        elif compile:  # one row, any position: symbolic start, no capacity-wide attention
-            self.__dict__["_static"] = torch.compile(_StaticForward(self), dynamic=False, options=CPU_COMPILE)
+        elif compile:  # one row, any position: symbolic start, no capacity-wide attention; batches eager
             self.__dict__["_row_step"] = torch.compile(_RowStep(self), dynamic=True, options=CPU_COMPILE)
             self.__dict__["_row_module"] = torch.compile(_RowModule(self), dynamic=True, options=CPU_COMPILE)
 
@@ -273,10 +275,10 @@ class Engine(torch.nn.Module):
 
     def forward(self, tokens: Tensor, cache: StaticKVCache, static: bool | None = None) -> tuple[Tensor, Tensor]:
         """Feed tokens (B, T) at each row's next positions and advance the cache; returns
-        (hidden (B, T, d), last layer's input (B, T, d)). `static` (default: compiled or not) runs the
+        (hidden (B, T, d), last layer's input (B, T, d)). `static` (default: `self.static`) runs the
         fixed-shape forward, compiled when the engine is (one row on CPU: see `step`)."""
         T = tokens.shape[1]
-        static = self.compiled if static is None else static
+        static = self.static if static is None else static
         positions = cache.positions(T)
         if static:
             cache.check(int(cache.lengths.max()) + T - 1)
@@ -394,11 +396,6 @@ class _Compiled(torch.nn.Module):
     def __init__(self, engine: Engine):
         super().__init__()
         self.engine = engine
-
-
-class _StaticForward(_Compiled):
-    def forward(self, *args):
-        return self.engine.forward_static(*args)
 
 
 class _RowStep(_Compiled):

@@ -83,9 +83,9 @@ def prefill(engine: Engine, prompts: Sequence[Sequence[int]], capacity: int, pad
 
 
 def cache_capacity(engine: Engine, needed: int) -> int:
-    """Eager: exactly what the call needs. Compiled: the model's context (or more when needed), so
-    every call of that batch size reuses one compiled shape."""
-    return max(needed, engine.cfg.context) if engine.compiled else needed
+    """Exactly what the call needs; with fixed-shape graphs (`engine.static`), the model's context (or
+    more when needed), so every call of that batch size reuses one compiled shape."""
+    return max(needed, engine.cfg.context) if engine.static else needed
 
 
 @torch.no_grad()
@@ -104,7 +104,7 @@ def generate(trunk: Trunk, prompts: Sequence[Sequence[int]], max_new_tokens: int
     outputs: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))  # original row index of each batch row
     live = list(range(len(prompts)))  # batch rows still generating
-    compact_at = 0.0 if engine.compiled else COMPACT_AT  # compiled: one batch shape, no recompilation
+    compact_at = 0.0 if engine.static else COMPACT_AT  # fixed-shape graphs: one batch shape, no recompilation
     for step in range(max_new_tokens):
         if len(live) == len(active):
             tokens = next_token(logits, temperature, top_p, generator)

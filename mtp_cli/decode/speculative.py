@@ -351,12 +351,12 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         keep = _emit(outputs, active, new.tolist(), n_new.tolist(), max_new_tokens, eos_id, stop)
         if not keep:
             return outputs
-        if engine.compiled and len(keep) < len(active) - int(frozen.sum()):
-            # compiled: finished rows ride along (one batch shape, no recompilation), frozen in place
+        if engine.static and len(keep) < len(active) - int(frozen.sum()):
+            # fixed-shape graphs: finished rows ride along (one batch shape, no recompilation), frozen in place
             for row in set(range(len(active))) - set(keep):
                 active[row] = None
             frozen = torch.tensor([i is None for i in active], device=device)
-        elif not engine.compiled and len(keep) < len(active):
+        elif not engine.static and len(keep) < len(active):
             rows = torch.tensor(keep, device=device)
             frozen = frozen[rows]
             cache.select(rows)
