@@ -5,6 +5,7 @@ decoder on the same GSM8K questions (the reason `mtp eval` uses its own lm-eval 
 
     .venv/bin/python scripts/bench_eval.py [--run runs/quick-ntp] [--repeats 3] [--threads 2]
                                            [--gsm8k-limit 200] [--hflm-limit 0] [--json PATH]
+                                           [--tasks humaneval,gsm8k] [--compile]
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def timed_eval(run: Path, task: str, limit: int | None, gsm8k_data: Path, out: Path) -> tuple[float, dict]:
+def timed_eval(run: Path, task: str, limit: int | None, gsm8k_data: Path, out: Path,
+               compile: bool | None = None) -> tuple[float, dict]:
     from mtp_cli.evals.runner import run_eval
 
     t0 = time.perf_counter()
     doc = run_eval(run, tasks=(task,), limit=limit, gsm8k_data=gsm8k_data, json_path=out / f"{task}.json",
-                   show_progress=False)
+                   show_progress=False, compile=compile)
     return time.perf_counter() - t0, doc["results"][task]
 
 
@@ -68,6 +70,8 @@ def main() -> None:
     ap.add_argument("--hflm-limit", type=int, default=0, help="also time HFLM vs ours on this many GSM8K questions")
     ap.add_argument("--tasks", default="humaneval,gsm8k")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="the decoder's torch.compile switch (default: the device's)")
     args = ap.parse_args()
 
     import torch
@@ -89,7 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):  # tasks interleaved so machine noise hits both alike
             for task in args.tasks.split(","):
-                seconds, result = timed_eval(args.run, task, limits[task], args.gsm8k_data, Path(tmp))
+                seconds, result = timed_eval(args.run, task, limits[task], args.gsm8k_data, Path(tmp), args.compile)
                 times.setdefault(task, []).append(seconds)
                 field = "completion" if task == "humaneval" else "response"
                 info[task] = {"n": result["n"], "new_tokens": new_tokens(result["samples_path"], tok, field),
