@@ -161,8 +161,8 @@ def test_fixed_shape_speculative_equals_eager_greedy():
 @pytest.mark.slow  # four graphs to compile: about a minute on 2 cores
 def test_compiled_one_row_equals_eager_without_recompiling():
     """One row on CPU runs the compiled step with a symbolic position (the unembedding inside the
-    graph) and the compiled module forwards: plain and speculative greedy equal eager token for
-    token, and 200 steps with rollbacks, and prompts of other lengths, build no new graph."""
+    graph, the weights frozen in): plain and speculative greedy equal eager token for token, and 200
+    steps with rollbacks, and prompts of other lengths, build no new graph."""
     from conftest import tiny_model_config
     from mtp_cli.config import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate

@@ -15,9 +15,8 @@ and one query, SDPA's causal kernel for a fresh prefill, a view of one precomput
 one-row window, else an additive mask built once per forward.
 
 Compiled (`compile=True`), two forms:
-- one row on CPU (`step`, and the MTP modules' windows): the trunk and its unembedding in one graph
-  whose position is a symbol, so it attends only to the keys written and never recompiles as the
-  sequence grows or rolls back;
+- one row on CPU (`step`): the trunk and its unembedding in one graph whose position is a symbol, so
+  it attends only to the keys written and never recompiles as the sequence grows or rolls back;
 - on CUDA: every shape fixed — attend over the whole cache capacity, mask from the positions
   tensor — with `mode="reduce-overhead"` (CUDA graphs). On CPU batches run eager: fixed-shape graphs
   that attend over the whole capacity measured slower than eager at batch size 4.
@@ -25,7 +24,8 @@ On CPU the weights are frozen into the graphs as constants and inductor times it
 micro-kernels against MKL per product shape (`CPU_COMPILE`): that is what keeps verifying k drafts
 near the cost of one step (MKL's few-row products cost nearly a row each on some CPUs). Each engine
 compiles its own graphs (its weights are in them); the engine is rebuilt, and recompiled, when a
-parameter changes.
+parameter changes. The MTP modules run eager: compiled the same way, a module's window ran no faster
+alone and slower inside the speculative loop.
 """
 
 from __future__ import annotations
@@ -174,17 +174,15 @@ class Engine(torch.nn.Module):
             if sequential else torch.nn.ModuleList()
         self.heads = torch.nn.ModuleList(BlockWeights(b) for b in model.mtp) if parallel else torch.nn.ModuleList()
         self._tables(trunk.cfg.context + TABLE_SLACK)  # room for the drafters' caches, so compiled graphs see one size
-        self._draft_unembeds: dict[tuple, str] = {}  # (unembedding, vocabulary) -> buffer name
-        self._names: dict[int, str] = {}  # data_ptr -> buffer name
+        self._draft_unembeds: dict[tuple, Tensor] = {}
         self.compiled = compile
         self.static = compile and self.device.type == "cuda"  # batches run one fixed-shape graph per shape
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
-        self._static = self._row_step = self._row_module = None
+        self._static = self._row_step = None
         if self.static:
             self._static = torch.compile(self.forward_static, dynamic=False, mode="reduce-overhead")
         elif compile:  # one row, any position: symbolic start, no capacity-wide attention; batches eager
             self.__dict__["_row_step"] = torch.compile(_RowStep(self), dynamic=True, options=CPU_COMPILE)
-            self.__dict__["_row_module"] = torch.compile(_RowModule(self), dynamic=True, options=CPU_COMPILE)
 
     # ---- tables and plans ------------------------------------------------------------------------
     def _tables(self, length: int) -> None:
@@ -319,16 +317,13 @@ class Engine(torch.nn.Module):
         return rms(hidden, self.eps) * (self.norm if norm is None else norm)
 
     def draft_unembed(self, unembed: Tensor, vocab: Tensor | None) -> Tensor:
-        """An unembedding's columns for a draft vocabulary (decode/draft_vocab.py), made once per
-        vocabulary and kept as a buffer (a compiled drafter reads it as a constant)."""
+        """An unembedding's columns for a draft vocabulary (decode/draft_vocab.py), made once per vocabulary."""
         if vocab is None:
             return unembed
         key = (unembed.data_ptr(), vocab.cpu().numpy().tobytes())
         if key not in self._draft_unembeds:
-            name = f"draft_unembed_{len(self._draft_unembeds)}"
-            self.register_buffer(name, unembed.index_select(1, vocab.to(unembed.device)).contiguous(), persistent=False)
-            self._draft_unembeds[key] = name
-        return self.get_buffer(self._draft_unembeds[key])
+            self._draft_unembeds[key] = unembed.index_select(1, vocab.to(unembed.device)).contiguous()
+        return self._draft_unembeds[key]
 
     def head(self, hidden: Tensor, unembed: Tensor | None = None) -> Tensor:
         """Logits from hidden states before the final norm; `unembed` a module's own (its norm folded in)."""
@@ -349,35 +344,18 @@ class Engine(torch.nn.Module):
 
     def _module_forward(self, i: int, x: Tensor, tokens: Tensor | None, positions: Tensor, cache: StaticKVCache,
                         unembed: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Module i (sequential when `tokens` are given, else a parallel head); one row at consecutive
-        positions runs compiled when the engine is (as the trunk's `step`), anything else eager."""
-        B, W = positions.shape
-        start = int(positions[0, 0]) if self._row_module is not None and B == 1 else 0
-        if _row_window(start, W) and int(positions[0, -1]) == start + W - 1:
-            name = None if unembed is None else self._buffer_name(unembed)
-            return self._timed(self._row_module, i, x, tokens, cache.k[0], cache.v[0], start, name)
-        h = self._module(i, x, tokens, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
-        return h, None if unembed is None else self.head(h[:, -1], unembed)
-
-    def row_module(self, i: int, x: Tensor, tokens: Tensor | None, k_store: Tensor, v_store: Tensor, start: int,
-                   unembed: str | None) -> tuple[Tensor, Tensor | None]:
-        """`_module_forward` for one row at positions start.. (CPU, compiled; `unembed` a buffer's name)."""
-        h = self._module(i, x, tokens, self.row_plan(start, x.shape[1]), k_store, v_store)
-        return h, None if unembed is None else self.head(h[:, -1], self.get_buffer(unembed))
-
-    def _module(self, i: int, x: Tensor, tokens: Tensor | None, plan: Plan, k_store: Tensor, v_store: Tensor) -> Tensor:
+        """Module i: sequential when `tokens` are given, else a parallel head."""
         B, W, _ = x.shape
+        plan = self.plan(positions, cache.capacity)
         if tokens is None:
-            return block_forward(self.heads[i], x.reshape(B * W, -1), plan, k_store, v_store).view(B, W, -1)
-        m = self.sequential[i]
-        emb = F.embedding(tokens, self.embed).view(B * W, -1)
-        fused = torch.cat([rms(emb, m.eps), rms(x.reshape(B * W, -1), m.eps)], -1)
-        return block_forward(m.block, torch.mm(fused, m.w_eh), plan, k_store, v_store).view(B, W, -1)
-
-    def _buffer_name(self, t: Tensor) -> str:
-        if t.data_ptr() not in self._names:
-            self._names.update({b.data_ptr(): n for n, b in self.named_buffers()})
-        return self._names[t.data_ptr()]
+            h = block_forward(self.heads[i], x.reshape(B * W, -1), plan, cache.k[0], cache.v[0])
+        else:
+            m = self.sequential[i]
+            emb = F.embedding(tokens, self.embed).view(B * W, -1)
+            fused = torch.cat([rms(emb, m.eps), rms(x.reshape(B * W, -1), m.eps)], -1)
+            h = block_forward(m.block, torch.mm(fused, m.w_eh), plan, cache.k[0], cache.v[0])
+        h = h.view(B, W, -1)
+        return h, None if unembed is None else self.head(h[:, -1], unembed)
 
 
 def _row_window(start: int, width: int) -> bool:
@@ -401,11 +379,6 @@ class _Compiled(torch.nn.Module):
 class _RowStep(_Compiled):
     def forward(self, *args):
         return self.engine.row_step(*args)
-
-
-class _RowModule(_Compiled):
-    def forward(self, *args):
-        return self.engine.row_module(*args)
 
 
 class _Stores:

@@ -25,7 +25,7 @@ Drafters:
 - `ParallelDrafter` (Meta heads): heads 2..n read the input of the trunk's last layer, each with its
   own KV cache, and draft t+2..t+n from the same position.
 All forwards run on the decode engine (`engine.py`): the trunk's verification at fixed width k+1
-(compiled with `compile=True`), the modules' one-row windows too.
+(compiled with `compile=True`), the modules eager.
 - `OracleDrafter`: drafts from known continuations (the trunk's own greedy output: acceptance 1), or
   drafts that are always wrong; both for tests.
 
