@@ -365,18 +365,15 @@ def _row_window(start: int, width: int) -> bool:
     return 0 < start and width <= ROW_WIDTH
 
 
-class _Compiled(torch.nn.Module):
-    """One of the engine's methods as a module's forward, for `torch.compile`: compiled so, the
-    engine's buffers are the module's own, which inductor's freezing takes as constants (a compiled
-    bound method gets them as inputs). Not registered on the engine (it holds the engine, not the
-    other way round). One subclass per method: dynamo keeps its graphs per code object."""
+class _RowStep(torch.nn.Module):
+    """`Engine.row_step` as a module's forward, for `torch.compile`: compiled so, the engine's buffers
+    are the module's own, which inductor's freezing takes as constants (a compiled bound method gets
+    them as inputs). Not registered on the engine (it holds the engine, not the other way round)."""
 
     def __init__(self, engine: Engine):
         super().__init__()
         self.engine = engine
 
-
-class _RowStep(_Compiled):
     def forward(self, *args):
         return self.engine.row_step(*args)
 
