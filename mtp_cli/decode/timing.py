@@ -48,30 +48,37 @@ class _NoTimer:
 NO_TIMER = _NoTimer()
 
 
-def forward_costs(engine, prompts, widths, repeats: int = 20) -> dict[int, float]:
+def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4) -> dict[int, float]:
     """Median seconds of one trunk forward plus unembedding at each width (1: the plain step; k+1:
     verifying k drafts), on the cache of these prompts, rolled back after every call so each width
-    sees the same context. The widths take turns within each repeat, so a slow spell on a shared
-    machine lands on all of them and their ratios hold. Compiled engines compile each width first
-    (outside the timing)."""
+    sees the same context. Each round times every width in turn, `block` calls after one untimed
+    call: the widths share a slow spell on a shared machine, and each is timed warm, as a decoding
+    loop runs it (a compiled engine's graphs each hold their own frozen weights, so calls that
+    alternate widths would read two copies). The first round warms up (and compiles)."""
     from mtp_cli.decode.generate import cache_capacity, prefill
 
     device = engine.device
     times: dict[int, list[float]] = {width: [] for width in widths}
+
+    def call(width: int) -> None:
+        engine.step(inputs[width], cache)
+        cache.rollback(lengths)
+
     with torch.no_grad():
         needed = max(len(p) for p in prompts) + max(widths) + 1
         cache, logits, _, _ = prefill(engine, prompts, cache_capacity(engine, needed))
         lengths = cache.lengths.clone()
         inputs = {width: logits.argmax(-1)[:, None].expand(-1, width).contiguous() for width in widths}
-        for i in range(repeats + 1):
+        for i in range(rounds + 1):
             for width in widths:
+                call(width)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                engine.step(inputs[width], cache)
+                for _ in range(block):
+                    call(width)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                if i:  # the first round warms up (and compiles)
-                    times[width].append(time.perf_counter() - t0)
-                cache.rollback(lengths)
+                if i:
+                    times[width].append((time.perf_counter() - t0) / block)
     return {width: sorted(t)[len(t) // 2] for width, t in times.items()}
