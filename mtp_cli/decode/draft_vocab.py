@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mtp_cli.errors import UserError
+
 COUNT_TOKENS = 50_000_000  # a frequency ranking needs a sample, not a pass over a GPU-scale corpus
 DEFAULT_SHARE = 4  # default draft vocabulary: vocab_size // DEFAULT_SHARE
 
@@ -51,8 +53,6 @@ def top_tokens(counts: torch.Tensor, size: int) -> torch.Tensor | None:
 def draft_vocabulary(run, size: int | None) -> tuple[torch.Tensor | None, dict]:
     """A run's draft vocabulary for `--draft-vocab size` (None: the default; 0: all) and what a report
     says of it: (ids or None for the whole vocabulary, {size, vocab_size, training_share})."""
-    from mtp_cli.errors import UserError
-
     V = run.recipe.model.vocab_size
     size = default_size(V) if size is None else size
     if size < 0:

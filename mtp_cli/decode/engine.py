@@ -175,7 +175,6 @@ class Engine(torch.nn.Module):
         self.heads = torch.nn.ModuleList(BlockWeights(b) for b in model.mtp) if parallel else torch.nn.ModuleList()
         self._tables(trunk.cfg.context + TABLE_SLACK)  # room for the drafters' caches, so compiled graphs see one size
         self._draft_unembeds: dict[tuple, Tensor] = {}
-        self.compiled = compile
         self.static = compile and self.device.type == "cuda"  # batches run one fixed-shape graph per shape
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
         self._static = self._row_step = None
@@ -298,7 +297,7 @@ class Engine(torch.nn.Module):
         compiled blocks, run under no_grad for validation, must not freeze their changing weights)."""
         graphs = compiled_graphs()
         t0 = time.perf_counter()
-        if self._row_step is None:  # CUDA: no freezing
+        if self.static:  # CUDA graphs: no freezing
             out = compiled(*args)
         else:
             from torch._inductor import config
