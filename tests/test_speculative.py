@@ -8,7 +8,7 @@ import torch
 
 from mtp_cli.checkpoint import load_run
 from mtp_cli.decode.generate import generate, prefill, probs_from_logits
-from mtp_cli.decode.speculative import (OracleDrafter, SpecStats, accept, make_drafter,
+from mtp_cli.decode.speculative import (FusedGreedyStep, OracleDrafter, SpecStats, accept, make_drafter,
                                         speculative_generate)
 from mtp_cli.decode.engine import engine_for
 from mtp_cli.errors import UserError
@@ -121,15 +121,17 @@ def test_first_drafts_match_training_alignment(runs, objective, k):
         assert int(drafts[0, d]) == int(ref[d + 1][0, L - 1].argmax())
 
 
-def test_sequential_module_caches_hold_training_states(runs):
+@pytest.mark.parametrize("k", [3, 1])
+def test_sequential_module_caches_hold_training_states(runs, k):
     """After a whole run, each module's KV cache (its exact region) equals the states the training
-    forward computes on the committed sequence."""
+    forward computes on the committed sequence. k = 1 runs the fused loop (`FusedGreedyStep`), whose
+    module window is the verification window: every position the trunk has fed is exact."""
     model = runs["sequential"].model
     trunk, cfg = model.trunk, model.cfg
     prompt = encode(runs["sequential"])[2]
-    drafter = make_drafter(model, 3, 1, 128)
+    drafter = make_drafter(model, k, 1, 128)
     out = speculative_generate(model, [prompt], 40, drafter=drafter)[0]
-    exact = int(drafter.exact[0])
+    exact = int(drafter.exact[0]) if k > 1 else len(prompt) + len(out) - 1
     idx = torch.tensor([prompt + out])
     with torch.no_grad():
         x = trunk.embed_tokens(idx)
@@ -144,11 +146,61 @@ def test_sequential_module_caches_hold_training_states(runs):
             ref_k = apply_rope(attn.k_proj(normed).view(1, n, cfg.kv_heads, cfg.head_dim), cos, sin)
             ref_v = attn.v_proj(normed).view(1, n, cfg.kv_heads, cfg.head_dim)
             h = module(h[:, :n], x[:, d:], (cos, sin))
+            if d > drafter.depth:
+                break
             got_k = drafter.caches[d - 1].k[0][0, :, :exact].transpose(0, 1)
             got_v = drafter.caches[d - 1].v[0][0, :, :exact].transpose(0, 1)
             torch.testing.assert_close(got_k, ref_k[0, :exact], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(got_v, ref_v[0, :exact], rtol=1e-4, atol=1e-4)
     assert exact >= len(prompt) + len(out) - 6  # the last propose ran at most k+1 tokens before the end
+
+
+@pytest.mark.parametrize("objective,k", [("sequential", 1), ("parallel", 2)])
+def test_fused_step_equals_verify_then_draft(runs, objective, k):
+    """Step by step, on drafts forced right or wrong in a pattern: one `FusedGreedyStep` call gives the
+    acceptance, the trunk's token and the next drafts that verifying (`engine.step` + `accept`) and then
+    drafting (`commit` + `propose`) give, and leaves the same exact states in the module caches."""
+    model = _noised(runs[objective].model, trunk=True)  # the tiny runs repeat one token, which any position drafts
+    engine = engine_for(model.trunk, model)
+    prompt, L, vocab_size = encode(runs[objective])[1], len(encode(runs[objective])[1]), model.cfg.vocab_size
+    ref = generate(model.trunk, [prompt], 64)[0]
+
+    def start():
+        cache, logits, hidden, shared = prefill(engine, [prompt], 96)
+        drafter = make_drafter(model, k, 1, 96 + 2 * k + 2)
+        seq = torch.zeros(1, 96 + k + 2, dtype=torch.long)
+        seq[0, : L + 1] = torch.tensor(prompt + [int(logits.argmax(-1))])
+        drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)
+        return cache, drafter, seq
+
+    (cache_f, drafter_f, seq_f), (cache_s, drafter_s, seq), rejected = start(), start(), 0
+    step = FusedGreedyStep(drafter_f)
+    with torch.no_grad():
+        drafter_f.propose(seq_f, cache_f.lengths.clone(), 0.0, 1.0, None)
+        drafter_s.propose(seq, cache_s.lengths.clone(), 0.0, 1.0, None)
+        for i in range(14):
+            c = int(cache_s.lengths[0])
+            drafts = torch.tensor([ref[c - L + 1: c - L + 1 + k]])
+            drafts[0, (i % (k + 2)) :] += 1  # wrong from draft i mod (k+2) on: every acceptance count occurs
+            drafts %= vocab_size
+            tokens = torch.cat([seq[:, c:c + 1], drafts], 1)
+            n, nxt, next_drafts = engine.fused_step(("test", objective, k), lambda: step, tokens, cache_f,
+                                                    drafter_f.caches)
+            cache_f.rollback(cache_f.lengths + n + 1)
+            logits, hidden, shared = engine.step(tokens, cache_s)
+            n_s, nxt_s = accept(drafts, None, logits)
+            seq[0, c + 1: c + 2 + k] = torch.cat([drafts[0], nxt_s]).index_put_((n_s,), nxt_s)
+            drafter_s.commit(cache_s.lengths - k - 1, n_s + 1, hidden, shared)
+            cache_s.rollback(torch.tensor([c]) + n_s + 1)
+            expected, _ = drafter_s.propose(seq, cache_s.lengths.clone(), 0.0, 1.0, None)
+            assert (int(n), int(nxt), next_drafts.tolist()) == (int(n_s), int(nxt_s), expected.tolist())
+            assert torch.equal(cache_f.lengths, cache_s.lengths)
+            rejected += int(n) < k
+            exact = int(cache_s.lengths[0])  # every position the trunk has fed
+            for f, s_ in zip(drafter_f.caches, drafter_s.caches):
+                torch.testing.assert_close(f.k[0][..., :exact, :], s_.k[0][..., :exact, :], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(f.v[0][..., :exact, :], s_.v[0][..., :exact, :], rtol=1e-5, atol=1e-5)
+    assert 0 < rejected < 14
 
 
 def test_stats_follow_vllm_definitions():
@@ -300,3 +352,44 @@ def test_training_stores_token_counts(runs):
 
     assert run.token_counts is not None
     assert torch.equal(run.token_counts, count_tokens(shards.prepare_for(run.recipe).train, run.recipe.model.vocab_size))
+
+
+@pytest.mark.parametrize("objective,draft_len,vocab", [("sequential", 1, False), ("parallel", 1, False),
+                                                       ("parallel", 2, False), ("sequential", 1, True),
+                                                       ("parallel", 2, True)])
+def test_fused_verify_and_draft_matches_the_two_call_loop(runs, objective, draft_len, vocab):
+    """One row, greedy: `FusedGreedyStep` (verify, accept and the next draft in one call) gives generate's
+    output and drafts exactly what the two-call loop drafts (same acceptance, step by step)."""
+    from mtp_cli.decode.timing import PhaseTimer
+
+    run = runs[objective]
+    draft_vocab = _small_vocab(run) if vocab else None
+    model = _noised(run.model, scale=2.0)  # the tiny modules accept every draft: noise makes acceptance ragged
+    accepted = drafted = 0
+    for prompt in encode(run):
+        expected = generate(model.trunk, [prompt], 48)
+        fused, split = SpecStats(draft_len), SpecStats(draft_len)
+        timer = PhaseTimer()
+        assert speculative_generate(model, [prompt], 48, draft_len=draft_len, stats=fused, timer=timer,
+                                    draft_vocab=draft_vocab) == expected
+        assert speculative_generate(model, [prompt], 48, draft_len=draft_len, stats=split, fused=False,
+                                    draft_vocab=draft_vocab) == expected
+        assert timer.count["verify_draft"] == fused.steps > 0 and timer.count["verify"] == 0
+        assert fused.to_dict() == split.to_dict()
+        accepted, drafted = accepted + fused.accepted, drafted + fused.drafted
+    assert 0 < accepted < drafted  # both outcomes were drafted after
+
+
+
+def _noised(model, trunk: bool = False, scale: float = 3.0):
+    """A copy of the model with Gaussian noise (`scale` × each tensor's std) on its MTP modules, and on
+    its trunk too when `trunk`."""
+    import copy
+
+    model = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in (model.parameters() if trunk else model.mtp.parameters()):
+            if p.numel() > 1:
+                p.add_(torch.randn(p.shape, generator=gen) * p.std() * scale)
+    return model

@@ -178,6 +178,7 @@ class Engine(torch.nn.Module):
         self.static = compile and self.device.type == "cuda"  # batches run one fixed-shape graph per shape
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
         self._static = self._row_step = None
+        self._fused: dict[tuple, tuple] = {}  # verification fused with drafting: key -> (module, compiled or None)
         if self.static:
             self._static = torch.compile(self.forward_static, dynamic=False, mode="reduce-overhead")
         elif compile:  # one row, any position: symbolic start, no capacity-wide attention; batches eager
@@ -344,17 +345,40 @@ class Engine(torch.nn.Module):
     def _module_forward(self, i: int, x: Tensor, tokens: Tensor | None, positions: Tensor, cache: StaticKVCache,
                         unembed: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Module i: sequential when `tokens` are given, else a parallel head."""
-        B, W, _ = x.shape
-        plan = self.plan(positions, cache.capacity)
-        if tokens is None:
-            h = block_forward(self.heads[i], x.reshape(B * W, -1), plan, cache.k[0], cache.v[0])
-        else:
-            m = self.sequential[i]
-            emb = F.embedding(tokens, self.embed).view(B * W, -1)
-            fused = torch.cat([rms(emb, m.eps), rms(x.reshape(B * W, -1), m.eps)], -1)
-            h = block_forward(m.block, torch.mm(fused, m.w_eh), plan, cache.k[0], cache.v[0])
-        h = h.view(B, W, -1)
+        h = self.module_window(i, x, tokens, self.plan(positions, cache.capacity), cache.k[0], cache.v[0])
         return h, None if unembed is None else self.head(h[:, -1], unembed)
+
+    def module_window(self, i: int, x: Tensor, tokens: Tensor | None, plan: Plan, k_store: Tensor,
+                      v_store: Tensor) -> Tensor:
+        """Module i's output (B, W, d) over the plan's positions: sequential (x the previous depth's states,
+        `tokens` the inputs x_{j+d}) when tokens are given, else parallel head i on the shared state x."""
+        B, W, _ = x.shape
+        if tokens is None:
+            return block_forward(self.heads[i], x.reshape(B * W, -1), plan, k_store, v_store).view(B, W, -1)
+        m = self.sequential[i]
+        emb = F.embedding(tokens, self.embed).view(B * W, -1)
+        fused = torch.cat([rms(emb, m.eps), rms(x.reshape(B * W, -1), m.eps)], -1)
+        return block_forward(m.block, torch.mm(fused, m.w_eh), plan, k_store, v_store).view(B, W, -1)
+
+    # ---- verification fused with the next draft ---------------------------------------------------
+    def fused_step(self, key: tuple, build, tokens: Tensor, cache: StaticKVCache,
+                   module_caches: list[StaticKVCache]) -> tuple[Tensor, ...]:
+        """Run a one-row step module (`speculative.FusedGreedyStep`, made by `build()` once per `key` and
+        engine) over tokens (1, T) at the cache's length, compiled when the engine is; the caller sets the
+        cache's new length."""
+        if key not in self._fused:
+            step = build()
+            self._fused[key] = (step, torch.compile(step, dynamic=True, options=CPU_COMPILE)
+                                if self._row_step is not None else None)
+        step, compiled = self._fused[key]
+        start, T = int(cache.lengths[0]), tokens.shape[1]
+        cache.check(start + T - 1)
+        for c in module_caches:
+            c.check(start + T - 1)
+        args = (tokens, cache.k, cache.v, [c.k[0] for c in module_caches], [c.v[0] for c in module_caches], start)
+        if compiled is None or not _row_window(start, T):
+            return step(*args)
+        return self._timed(compiled, *args)
 
 
 def _row_window(start: int, width: int) -> bool:

@@ -265,6 +265,53 @@ class ParallelDrafter(_ModuleDrafter):
         return torch.stack(drafts, 1), (torch.stack(probs, 1) if temperature > 0 else None)
 
 
+class FusedGreedyStep(torch.nn.Module):
+    """One row, greedy: the trunk verifies the pending token and k drafts, `accept` keeps a prefix, and
+    the drafter's modules draft the next step from the states just committed, all in one call (one
+    graph under --compile): no host round trip between verifying and drafting. This works because the
+    modules' window after verification is the verification window itself: at position c+j a module
+    reads the trunk's state there and the token after it, which is draft j+1 for j < n accepted and
+    the trunk's own token at j = n; the columns past n are scratch that no later query reads (masked,
+    then overwritten by the next window). Sequential modules draft one token (module 1, k = 1);
+    parallel heads any k. Returns (accepted (1,), next token (1,), next drafts (1, k))."""
+
+    def __init__(self, drafter: _ModuleDrafter):
+        super().__init__()
+        self.engine, self.k = drafter.engine, drafter.k
+        self.sequential = isinstance(drafter, SequentialDrafter)
+        self.post_norm = self.sequential and drafter.post_norm
+        # a draft vocabulary's columns of the unembedding are this module's; the full one is the engine's
+        draft_unembed = None if drafter.vocab is None else drafter.unembeds[0] if self.sequential else drafter.unembed
+        self.register_buffer("draft_unembed", draft_unembed, persistent=False)
+        self.register_buffer("vocab", drafter.vocab, persistent=False)
+
+    @staticmethod
+    def supports(drafter: Drafter) -> bool:
+        return isinstance(drafter, ParallelDrafter) or (isinstance(drafter, SequentialDrafter) and drafter.k == 1)
+
+    def forward(self, tokens: Tensor, k_stores: list[Tensor], v_stores: list[Tensor], module_k: list[Tensor],
+                module_v: list[Tensor], start: int) -> tuple[Tensor, Tensor, Tensor]:
+        engine, k = self.engine, self.k
+        logits, hidden, shared = engine.row_step(tokens, k_stores, v_stores, start)
+        drafts = tokens[:, 1:]
+        n, nxt = accept(drafts, None, logits)
+        after = torch.where(engine.key_index[: k + 1] == n, nxt[:, None], tokens.roll(-1, 1))  # the token after each position
+        plan = engine.row_plan(start, k + 1)
+        unembed = self.draft_unembed
+        if unembed is None:
+            unembed = engine.sequential[0].unembed if self.sequential else engine.unembed
+        picks = []
+        if self.sequential:
+            h = engine.head_norm(hidden) if self.post_norm else hidden
+            outs = [engine.module_window(0, h, after, plan, module_k[0], module_v[0])]
+        else:
+            outs = [engine.module_window(j, shared, None, plan, module_k[j], module_v[j]) for j in range(k)]
+        for out in outs:
+            pick = engine.head(out[:, n[0]], unembed).argmax(-1)  # (1,)
+            picks.append(pick if self.vocab is None else self.vocab[pick])
+        return n, nxt, torch.stack(picks, 1)
+
+
 class OracleDrafter(Drafter):
     """Drafts `reference[i][g+1 : g+1+k]` for prompt i whose pending token is generated token g:
     with the trunk's own greedy output every draft is right; `wrong=True` shifts every draft id by
@@ -318,12 +365,15 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
                          temperature: float = 0.0, top_p: float = 1.0, stop: StopFn | None = None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
                          drafter: Drafter | None = None, stats: SpecStats | None = None, timer=None,
-                         compile: bool | None = None, draft_vocab: Tensor | None = None) -> list[list[int]]:
+                         compile: bool | None = None, draft_vocab: Tensor | None = None,
+                         fused: bool = True) -> list[list[int]]:
     """`generate`'s contract for an `MTPModel` (greedy: its exact output), drafting with the model's
     own modules unless `drafter` is given. `stats` accumulates counters, `timer` times the phases
     prefill / draft0 (the modules' pass over the prompt) / draft / verify. `compile` runs the
     verification forward (fixed width k+1) compiled (None: the device's default). `draft_vocab`: the
-    token ids the modules draft from (`draft_vocab.top_tokens`; None: all)."""
+    token ids the modules draft from (`draft_vocab.top_tokens`; None: all). One row, greedy, with the
+    model's own modules: verification and the next draft run as one call (`FusedGreedyStep`) unless
+    `fused=False`."""
     if not prompts:
         return []
     engine, timer = engine_for(model.trunk, model, compile), timer or NO_TIMER
@@ -342,6 +392,8 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
     seq[rows, lengths] = tokens
     drafter.commit(torch.zeros_like(lengths), lengths, hidden, shared)
     outputs: list[list[int]] = [[] for _ in prompts]
+    if fused and temperature <= 0 and len(prompts) == 1 and not engine.static and FusedGreedyStep.supports(drafter):
+        return _fused_greedy(engine, drafter, cache, seq, outputs, max_new_tokens, eos_id, stop, stats, timer)
     active = list(range(len(prompts)))
     n_new, new = torch.ones_like(lengths), tokens[:, None]
     span = torch.arange(k + 1, device=device)
@@ -378,6 +430,28 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         drafter.commit(lengths, n_new, hidden, shared)
         lengths = lengths + n_new
         cache.rollback(lengths)
+
+
+def _fused_greedy(engine: Engine, drafter: _ModuleDrafter, cache, seq: Tensor, outputs: list[list[int]],
+                  max_new_tokens: int, eos_id: int | None, stop: StopFn | None, stats: SpecStats, timer) -> list[list[int]]:
+    """`speculative_generate`'s loop for one row, greedy: each step one `FusedGreedyStep` call verifies
+    and drafts (timed as the phase verify_draft)."""
+    key = ("fused-greedy", type(drafter).__name__, drafter.k,
+           None if drafter.vocab is None else drafter.vocab.cpu().numpy().tobytes())
+    with timer("draft0"):
+        drafts, _ = drafter.propose(seq, cache.lengths, 0.0, 1.0, None)
+    pending = seq[:, int(cache.lengths[0])][:, None]
+    new = [int(pending)]
+    while _emit(outputs, [0], [new], [len(new)], max_new_tokens, eos_id, stop):
+        with timer("verify_draft"):
+            n, nxt, next_drafts = engine.fused_step(key, lambda: FusedGreedyStep(drafter),
+                                                    torch.cat([pending, drafts], 1), cache, drafter.caches)
+            accepted = int(n)
+        stats.record(n)
+        new = drafts[0, :accepted].tolist() + [int(nxt)]
+        cache.rollback(cache.lengths + accepted + 1)
+        pending, drafts = nxt[:, None], next_drafts
+    return outputs
 
 
 def _emit(outputs: list[list[int]], active: list[int | None], new: list[list[int]], n_new: list[int],
