@@ -2,7 +2,7 @@
 plain step and verifying k = 1..3 drafts), eager and compiled, and one drafting step of a sequential
 D=1 module and of a parallel head, on a quick-recipe-sized model with random weights (4 layers,
 d_model 256, 4 heads, ffn 688, vocab 4096; timing does not depend on the weights) after a 128-token
-prompt. Each round times every part over `--steps` calls, the rounds rotate through all parts, and
+prompt, and verification fused with the next D=1 draft (`FusedGreedyStep`, one row greedy). Each round times every part over `--steps` calls, the rounds rotate through all parts, and
 medians over rounds are printed with the ratios the decoding targets are stated in. Also the
 weight-streaming floor two ways: the bytes of weights a step reads over the memory bandwidth
 measured here (one pass over a buffer several times the last-level cache), and the step's matrix
@@ -41,7 +41,7 @@ def main() -> None:
     from mtp_cli.decode.draft_vocab import DEFAULT_SHARE
     from mtp_cli.decode.engine import Engine
     from mtp_cli.decode.generate import prefill
-    from mtp_cli.decode.speculative import ParallelDrafter, SequentialDrafter
+    from mtp_cli.decode.speculative import FusedGreedyStep, ParallelDrafter, SequentialDrafter
     from mtp_cli.model.mtp import MTPModel
 
     torch.set_num_threads(args.threads)
@@ -89,6 +89,17 @@ def main() -> None:
                     drafter.propose(seq, lengths, 0.0, 1.0, None)
                 draft()
                 parts[tag + name] = draft
+            # verification at width 2 fused with the next D=1 draft (V/4), as one-row greedy decoding runs
+            engine = Engine(sequential.trunk, sequential, compile=compiled)
+            cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
+            drafter = SequentialDrafter(engine, sequential, 1, 1, cfg.context + 8, vocab)
+            step, start, tokens = FusedGreedyStep(drafter), cache.lengths.clone(), torch.full((1, 2), 7)
+
+            def fused(engine=engine, cache=cache, drafter=drafter, step=step, start=start, tokens=tokens):
+                engine.fused_step(("parts",), lambda: step, tokens, cache, drafter.caches)
+                cache.rollback(start)
+            fused()
+            parts[tag + "fused verify+draft"] = fused
         floor_engine = Engine(sequential.trunk)
         matrices = [w for b in floor_engine.blocks for w in (b.w_qkv, b.w_o, b.w_gate_up, b.w_down)]
         matrices.append(floor_engine.unembed)
@@ -124,6 +135,11 @@ def main() -> None:
         print(f"t_draft / t_step ({tag}): " + ", ".join(
             f"{name[len(prefix) + 6:]} {med[name] / med[f'{tag} width 1']:.2f}" for name in med
             if name.startswith(prefix + "draft")))
+    for tag in ("eager",) if args.no_compile else ("eager", "compiled"):
+        prefix = "" if tag == "eager" else "compiled "
+        fused, verify, one = (med[f"{prefix}fused verify+draft"], med[f"{tag} width 2"], med[f"{tag} width 1"])
+        print(f"fused verify+draft k=1 ({tag}): {fused / one:.2f} x t_step, of which the draft "
+              f"{(fused - verify) / one:.2f} (break-even MAL {fused / one:.2f})")
     if not args.no_compile:
         print(f"compiled / eager step: {med['compiled width 1'] / step:.2f}")
     step_bytes = sum(m.numel() * m.element_size() for m in matrices)

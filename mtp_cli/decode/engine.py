@@ -31,6 +31,7 @@ alone and slower inside the speculative loop.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -305,7 +306,9 @@ class Engine(torch.nn.Module):
 
             config.freezing = True
             try:
-                out = compiled(*args)
+                with warnings.catch_warnings():  # inductor's GEMM autotuning reads storages the deprecated way
+                    warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+                    out = compiled(*args)
             finally:
                 config.freezing = False
         if compiled_graphs() != graphs:

@@ -307,7 +307,7 @@ class FusedGreedyStep(torch.nn.Module):
         else:
             outs = [engine.module_window(j, shared, None, plan, module_k[j], module_v[j]) for j in range(k)]
         for out in outs:
-            pick = engine.head(out[:, n[0]], unembed).argmax(-1)  # (1,)
+            pick = engine.head(out.index_select(1, n)[:, 0], unembed).argmax(-1)  # (1,): the column at n
             picks.append(pick if self.vocab is None else self.vocab[pick])
         return n, nxt, torch.stack(picks, 1)
 
