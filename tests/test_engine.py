@@ -161,14 +161,18 @@ def test_fixed_shape_speculative_equals_eager_greedy():
 @pytest.mark.slow  # four graphs to compile: about a minute on 2 cores
 def test_compiled_one_row_equals_eager_without_recompiling():
     """One row on CPU runs the compiled step with a symbolic position (the unembedding inside the
-    graph, the weights frozen in): plain and speculative greedy equal eager token for token, and 200
-    steps with rollbacks, and prompts of other lengths, build no new graph."""
+    graph, the weights frozen in), and speculative greedy its fused verify-and-draft graph: both equal
+    eager token for token, each is one whole graph, and 200 steps with rollbacks, and prompts of other
+    lengths, build no new graph."""
     from conftest import tiny_model_config
     from mtp_cli.config import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     torch.manual_seed(0)
     model = MTPModel(tiny_model_config(n_layers=1, context=256), MTPConfig(objective="sequential", depth=1)).eval()
     init_weights(model, 0.3)
@@ -191,6 +195,9 @@ def test_compiled_one_row_equals_eager_without_recompiling():
         assert generate(model.trunk, [p], 16, compile=True) == generate(model.trunk, [p], 16)
         assert speculative_generate(model, [p], 16, compile=True) == generate(model.trunk, [p], 16)
     assert compiled_graphs() == graphs, "the one-row compiled forwards recompiled"
+    broken = {**counters["graph_break"], **counters["unimplemented"]}  # a break can fall back to eager silently
+    assert not broken, list(broken)
+    assert len(engine._fused) == 1 and all(compiled is not None for _, compiled in engine._fused.values())
     # the weights were frozen into those graphs for their calls only: a training model's compiled
     # blocks, validated under no_grad, must keep reading their changing weights
     assert torch._inductor.config.freezing is False
