@@ -66,6 +66,7 @@ def test_sequential_report(tiny_runs, tmp_path):
         m, g = cond["results"][bs]["mtp"], cond["results"][bs]["greedy"]
         assert list(m["t_verify_by_k_s"]) == ["1", "2", "3"] and all(t > 0 for t in m["t_verify_by_k_s"].values())
         assert g["t_step_s"] > 0 and g["t_prefill_s"] > 0 and g["compile_s"] == m["compile_s"] == 0.0
+        assert m["fused"] is False and m["t_verify_draft_s"] == pytest.approx(m["t_verify_s"] + m["t_draft_s"])
     assert report["environment"]["compile"] is False
     from rich.console import Console
     from mtp_cli.decode.bench import render_table
@@ -80,6 +81,9 @@ def test_parallel_report(tiny_runs, tmp_path):
                            show_progress=False)
     m = only(report)["results"]["1"]["mtp"]
     assert report["draft_len"] == 2 and m["lossless"] and len(m["per_position_acceptance"]) == 2
+    # one row, greedy: verification and drafting ran as one call, timed in the loop and alone
+    assert m["fused"] is True and m["t_verify_s"] is None and m["t_verify_draft_s"] > 0
+    assert m["t_draft_s"] == pytest.approx(m["t_forward_verify_draft_s"] - m["t_verify_by_k_s"]["2"])
 
 
 def test_ntp_report_measures_baseline_and_peers_only(tiny_runs, tmp_path):

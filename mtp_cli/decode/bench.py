@@ -41,7 +41,7 @@ from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
 from mtp_cli.decode.draft_vocab import draft_vocabulary
-from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
+from mtp_cli.decode.speculative import SpecStats, draft_len_for, make_drafter, speculative_generate
 from mtp_cli.decode.engine import default_compile, engine_for
 from mtp_cli.decode.timing import PhaseTimer, forward_costs
 from mtp_cli.errors import UserError
@@ -142,7 +142,7 @@ def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_ne
                 tallies = _measure(active, ids, bs, repeats, device,
                                    lambda m: bar.update(task, advance=1, info=f"{condition.name} bs {bs} {m}"))
                 entry["results"][str(bs)] = _summarise(tallies, model, ids, condition, run.tokenizer, bs)
-                _add_forward_costs(entry["results"][str(bs)], model, ids[:bs], k, compile, condition.baseline)
+                _add_forward_costs(entry["results"][str(bs)], model, ids[:bs], k, compile, condition.baseline, vocab)
                 entry["summary"][str(bs)] = _headline(entry["results"][str(bs)], condition.baseline)
                 if bs == batch_sizes[0]:  # the reference text: our plain decoder, smallest batch size
                     entry["text"] = text_stats(tallies[condition.baseline][0].outputs, run.tokenizer)
@@ -436,11 +436,12 @@ VERIFY_WIDTHS_UP_TO = 3  # t_verify is measured for k = 1..max(3, the draft leng
 
 
 def _add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | None, compile: bool,
-                       baseline: str = "greedy") -> None:
+                       baseline: str = "greedy", draft_vocab: torch.Tensor | None = None) -> None:
     """Beside the end-to-end phase means: the one-time compile cost of our decoders (`compile_s`, in
     their warm-up), and the trunk forward at fixed widths on these prompts (`t_forward_by_width_s`:
     width 1 is the plain step, width k+1 verifies k drafts; `t_verify_by_k_s` and its ratio to the
-    step for k = 1..max(3, k))."""
+    step for k = 1..max(3, k)); one row, greedy, also the fused verify-and-draft call
+    (`t_forward_verify_draft_s`) and the draft's share of it, beyond verifying (`t_draft_s`)."""
     greedy_engine = engine_for(model.trunk, compile=compile)
     results[baseline]["compile_s"] = greedy_engine.compile_s
     if "mtp" not in results:
@@ -448,10 +449,14 @@ def _add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | 
     engine = engine_for(model.trunk, model, compile=compile)
     results["mtp"]["compile_s"] = engine.compile_s
     ks = range(1, max(VERIFY_WIDTHS_UP_TO, k) + 1)
-    costs = forward_costs(engine, prompts, [1, *(j + 1 for j in ks)])
+    fused = None
+    if results["mtp"].get("fused"):  # one row, greedy: the verify-and-draft call the loop ran, timed alike
+        fused = lambda capacity: make_drafter(model, k, 1, capacity + 2 * k + 2, compile, draft_vocab)  # noqa: E731
+    costs = forward_costs(engine, prompts, [1, *(j + 1 for j in ks)], fused=fused)
     results["mtp"]["t_forward_step_s"] = costs[1]
-    if results["mtp"].get("fused"):  # the draft's share of the fused call: beyond verifying at width k+1
-        results["mtp"]["t_draft_s"] = results["mtp"]["t_verify_draft_s"] - costs[results["mtp"]["draft_len"] + 1]
+    if fused is not None:  # the draft's share of the fused call: beyond verifying at width k+1
+        results["mtp"]["t_forward_verify_draft_s"] = costs["fused"]
+        results["mtp"]["t_draft_s"] = costs["fused"] - costs[k + 1]
     results["mtp"]["t_verify_by_k_s"] = {str(j): costs[j + 1] for j in ks}
     results["mtp"]["verify_over_step_by_k"] = {str(j): costs[j + 1] / costs[1] for j in ks}
 
@@ -590,6 +595,8 @@ def _parts_notes(condition: dict) -> list[str]:
             verify = "/".join(_fmt(v, "{:.2f}", 1e3) for v in m.get("t_verify_by_k_s", {}).values())
             parts += [f"verify k=1..{len(m.get('t_verify_by_k_s', {}))} {verify}",
                       f"draft {_fmt(m.get('t_draft_s'), '{:.2f}', 1e3)}"]
+            if m.get("fused"):
+                parts.append(f"verify+draft in one call {_fmt(m.get('t_forward_verify_draft_s'), '{:.2f}', 1e3)}")
         compiled = sum(e.get("compile_s") or 0.0 for e in methods.values())
         parts.append(f"compile {compiled:.1f} s")
         notes.append(f"bs {bs} ms: " + ", ".join(parts))

@@ -432,12 +432,18 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         cache.rollback(lengths)
 
 
+def fused_key(drafter: _ModuleDrafter) -> tuple:
+    """What makes a `FusedGreedyStep` (and its compiled graph) for an engine: the drafter's kind, its
+    draft length, its draft vocabulary."""
+    return ("fused-greedy", type(drafter).__name__, drafter.k,
+            None if drafter.vocab is None else drafter.vocab.cpu().numpy().tobytes())
+
+
 def _fused_greedy(engine: Engine, drafter: _ModuleDrafter, cache, seq: Tensor, outputs: list[list[int]],
                   max_new_tokens: int, eos_id: int | None, stop: StopFn | None, stats: SpecStats, timer) -> list[list[int]]:
     """`speculative_generate`'s loop for one row, greedy: each step one `FusedGreedyStep` call verifies
     and drafts (timed as the phase verify_draft)."""
-    key = ("fused-greedy", type(drafter).__name__, drafter.k,
-           None if drafter.vocab is None else drafter.vocab.cpu().numpy().tobytes())
+    key = fused_key(drafter)
     with timer("draft0"):
         drafts, _ = drafter.propose(seq, cache.lengths, 0.0, 1.0, None)
     pending = seq[:, int(cache.lengths[0])][:, None]

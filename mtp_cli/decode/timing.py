@@ -48,37 +48,47 @@ class _NoTimer:
 NO_TIMER = _NoTimer()
 
 
-def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4) -> dict[int, float]:
+def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fused=None) -> dict:
     """Median seconds of one trunk forward plus unembedding at each width (1: the plain step; k+1:
     verifying k drafts), on the cache of these prompts, rolled back after every call so each width
-    sees the same context. Each round times every width in turn, `block` calls after one untimed
+    sees the same context; with `fused` (a function of the cache capacity returning a one-row drafter
+    `FusedGreedyStep` serves), also its fused verify-and-draft call at width k+1, under the key "fused". Each round times every width in turn, `block` calls after one untimed
     call: the widths share a slow spell on a shared machine, and each is timed warm, as a decoding
     loop runs it (a compiled engine's graphs each hold their own frozen weights, so calls that
     alternate widths would read two copies). The first round warms up (and compiles)."""
     from mtp_cli.decode.generate import cache_capacity, prefill
 
-    device = engine.device
-    times: dict[int, list[float]] = {width: [] for width in widths}
+    from mtp_cli.decode.speculative import FusedGreedyStep, fused_key
 
-    def call(width: int) -> None:
-        engine.step(inputs[width], cache)
+    device = engine.device
+    parts = [*widths, "fused"] if fused is not None else list(widths)
+    times: dict = {part: [] for part in parts}
+
+    def call(part) -> None:
+        if part == "fused":
+            engine.fused_step(fused_key(drafter), lambda: FusedGreedyStep(drafter), inputs[drafter.k + 1], cache,
+                              drafter.caches)
+        else:
+            engine.step(inputs[part], cache)
         cache.rollback(lengths)
 
     with torch.no_grad():
         needed = max(len(p) for p in prompts) + max(widths) + 1
         cache, logits, _, _ = prefill(engine, prompts, cache_capacity(engine, needed))
         lengths = cache.lengths.clone()
-        inputs = {width: logits.argmax(-1)[:, None].expand(-1, width).contiguous() for width in widths}
+        drafter = fused(cache.capacity) if fused is not None else None
+        inputs = {width: logits.argmax(-1)[:, None].expand(-1, width).contiguous()
+                  for width in {*widths, *([drafter.k + 1] if drafter else [])}}
         for i in range(rounds + 1):
-            for width in widths:
-                call(width)
+            for part in parts:
+                call(part)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for _ in range(block):
-                    call(width)
+                    call(part)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 if i:
-                    times[width].append((time.perf_counter() - t0) / block)
-    return {width: sorted(t)[len(t) // 2] for width, t in times.items()}
+                    times[part].append((time.perf_counter() - t0) / block)
+    return {part: sorted(t)[len(t) // 2] for part, t in times.items()}
