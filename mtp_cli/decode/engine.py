@@ -60,8 +60,8 @@ def _fold(norm: Tensor, weight: Tensor) -> Tensor:
 CPU_COMPILE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",  # and freezing: `Engine._timed`
                "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # no timing tables on stderr
 ROW_WIDTH = 16  # widest one-row window the compiled CPU step takes (decode steps, verification)
-CAUSAL_TABLE = 2048
-TABLE_SLACK = 64  # RoPE/mask tables reach this far past the context (cache capacity + drafts)  # one additive causal mask, (n, n), for windows of one row up to this position
+CAUSAL_TABLE = 2048  # one additive causal mask, (n, n), for windows of one row up to this position
+TABLE_SLACK = 64  # RoPE/mask tables reach this far past the context (cache capacity + drafts)
 
 
 def _buffers(module: torch.nn.Module, **tensors: Tensor | None) -> None:

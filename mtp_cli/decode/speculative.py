@@ -295,7 +295,8 @@ class FusedGreedyStep(torch.nn.Module):
         logits, hidden, shared = engine.row_step(tokens, k_stores, v_stores, start)
         drafts = tokens[:, 1:]
         n, nxt = accept(drafts, None, logits)
-        after = torch.where(engine.key_index[: k + 1] == n, nxt[:, None], tokens.roll(-1, 1))  # the token after each position
+        # the token after each position: the drafts, then the trunk's own token at n
+        after = torch.where(engine.key_index[: k + 1] == n, nxt[:, None], tokens.roll(-1, 1))
         plan = engine.row_plan(start, k + 1)
         unembed = self.draft_unembed
         if unembed is None:
@@ -440,7 +441,8 @@ def fused_key(drafter: _ModuleDrafter) -> tuple:
 
 
 def _fused_greedy(engine: Engine, drafter: _ModuleDrafter, cache, seq: Tensor, outputs: list[list[int]],
-                  max_new_tokens: int, eos_id: int | None, stop: StopFn | None, stats: SpecStats, timer) -> list[list[int]]:
+                  max_new_tokens: int, eos_id: int | None, stop: StopFn | None, stats: SpecStats,
+                  timer) -> list[list[int]]:
     """`speculative_generate`'s loop for one row, greedy: each step one `FusedGreedyStep` call verifies
     and drafts (timed as the phase verify_draft)."""
     key = fused_key(drafter)

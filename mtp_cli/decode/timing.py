@@ -52,12 +52,11 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
     """Median seconds of one trunk forward plus unembedding at each width (1: the plain step; k+1:
     verifying k drafts), on the cache of these prompts, rolled back after every call so each width
     sees the same context; with `fused` (a function of the cache capacity returning a one-row drafter
-    `FusedGreedyStep` serves), also its fused verify-and-draft call at width k+1, under the key "fused". Each round times every width in turn, `block` calls after one untimed
-    call: the widths share a slow spell on a shared machine, and each is timed warm, as a decoding
+    `FusedGreedyStep` serves), also its fused verify-and-draft call at width k+1, under the key "fused".
+    Each round times every width in turn, `block` calls after one untimed call: the widths share a slow spell on a shared machine, and each is timed warm, as a decoding
     loop runs it (a compiled engine's graphs each hold their own frozen weights, so calls that
     alternate widths would read two copies). The first round warms up (and compiles)."""
     from mtp_cli.decode.generate import cache_capacity, prefill
-
     from mtp_cli.decode.speculative import FusedGreedyStep, fused_key
 
     device = engine.device
