@@ -160,6 +160,9 @@ class _ModuleDrafter(Drafter):
         self.caches = [engine.new_cache(batch, capacity, n_layers=1) for _ in range(n_modules)]
         self.exact = torch.zeros(batch, dtype=torch.long, device=engine.device)
         self.steps = torch.arange(capacity, device=engine.device)
+        # what makes a `FusedGreedyStep` (and its compiled graph) for this engine
+        self.fused_key = ("fused-greedy", type(self).__name__, k,
+                          None if vocab is None else vocab.cpu().numpy().tobytes())
 
     def _pick(self, logits: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
         """A draft from logits over the draft vocabulary (`_pick`)."""
@@ -394,7 +397,7 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
     drafter.commit(torch.zeros_like(lengths), lengths, hidden, shared)
     outputs: list[list[int]] = [[] for _ in prompts]
     if fused and temperature <= 0 and len(prompts) == 1 and not engine.static and FusedGreedyStep.supports(drafter):
-        return _fused_greedy(engine, drafter, cache, seq, outputs, max_new_tokens, eos_id, stop, stats, timer)
+        return _fused_greedy(drafter, cache, seq, outputs, max_new_tokens, eos_id, stop, stats, timer)
     active = list(range(len(prompts)))
     n_new, new = torch.ones_like(lengths), tokens[:, None]
     span = torch.arange(k + 1, device=device)
@@ -433,27 +436,25 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         cache.rollback(lengths)
 
 
-def fused_key(drafter: _ModuleDrafter) -> tuple:
-    """What makes a `FusedGreedyStep` (and its compiled graph) for an engine: the drafter's kind, its
-    draft length, its draft vocabulary."""
-    return ("fused-greedy", type(drafter).__name__, drafter.k,
-            None if drafter.vocab is None else drafter.vocab.cpu().numpy().tobytes())
+def fused_verify_and_draft(drafter: _ModuleDrafter, tokens: Tensor, cache) -> tuple[Tensor, Tensor, Tensor]:
+    """One `FusedGreedyStep` call on the drafter's engine over tokens (1, k+1) = the pending token and the
+    drafts; the step (and its compiled graph) is built once per engine for the drafter's kind, draft
+    length and draft vocabulary. Returns (accepted (1,), next token (1,), next drafts (1, k))."""
+    return drafter.engine.fused_step(drafter.fused_key, lambda: FusedGreedyStep(drafter), tokens, cache,
+                                     drafter.caches)
 
 
-def _fused_greedy(engine: Engine, drafter: _ModuleDrafter, cache, seq: Tensor, outputs: list[list[int]],
-                  max_new_tokens: int, eos_id: int | None, stop: StopFn | None, stats: SpecStats,
-                  timer) -> list[list[int]]:
+def _fused_greedy(drafter: _ModuleDrafter, cache, seq: Tensor, outputs: list[list[int]], max_new_tokens: int,
+                  eos_id: int | None, stop: StopFn | None, stats: SpecStats, timer) -> list[list[int]]:
     """`speculative_generate`'s loop for one row, greedy: each step one `FusedGreedyStep` call verifies
     and drafts (timed as the phase verify_draft)."""
-    key = fused_key(drafter)
     with timer("draft0"):
         drafts, _ = drafter.propose(seq, cache.lengths, 0.0, 1.0, None)
     pending = seq[:, int(cache.lengths[0])][:, None]
     new = [int(pending)]
     while _emit(outputs, [0], [new], [len(new)], max_new_tokens, eos_id, stop):
         with timer("verify_draft"):
-            n, nxt, next_drafts = engine.fused_step(key, lambda: FusedGreedyStep(drafter),
-                                                    torch.cat([pending, drafts], 1), cache, drafter.caches)
+            n, nxt, next_drafts = fused_verify_and_draft(drafter, torch.cat([pending, drafts], 1), cache)
             accepted = int(n)
         stats.record(n)
         new = drafts[0, :accepted].tolist() + [int(nxt)]

@@ -53,11 +53,12 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
     verifying k drafts), on the cache of these prompts, rolled back after every call so each width
     sees the same context; with `fused` (a function of the cache capacity returning a one-row drafter
     `FusedGreedyStep` serves), also its fused verify-and-draft call at width k+1, under the key "fused".
-    Each round times every width in turn, `block` calls after one untimed call: the widths share a slow spell on a shared machine, and each is timed warm, as a decoding
-    loop runs it (a compiled engine's graphs each hold their own frozen weights, so calls that
-    alternate widths would read two copies). The first round warms up (and compiles)."""
+    Each round times every width in turn, `block` calls after one untimed call: the widths share a
+    slow spell on a shared machine, and each is timed warm, as a decoding loop runs it (a compiled
+    engine's graphs each hold their own frozen weights, so calls that alternate widths would read two
+    copies). The first round warms up (and compiles)."""
     from mtp_cli.decode.generate import cache_capacity, prefill
-    from mtp_cli.decode.speculative import FusedGreedyStep, fused_key
+    from mtp_cli.decode.speculative import fused_verify_and_draft
 
     device = engine.device
     parts = [*widths, "fused"] if fused is not None else list(widths)
@@ -65,8 +66,7 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
 
     def call(part) -> None:
         if part == "fused":
-            engine.fused_step(fused_key(drafter), lambda: FusedGreedyStep(drafter), inputs[drafter.k + 1], cache,
-                              drafter.caches)
+            fused_verify_and_draft(drafter, inputs[drafter.k + 1], cache)
         else:
             engine.step(inputs[part], cache)
         cache.rollback(lengths)
