@@ -60,13 +60,14 @@ class SpecStats:
     def __post_init__(self) -> None:
         self.accepted_at = self.accepted_at or [0] * self.k
 
-    def record(self, n_accepted: Tensor) -> None:
-        hist = torch.bincount(n_accepted, minlength=self.k + 1).tolist()  # steps that accepted exactly j
-        self.steps += sum(hist)
-        self.drafted += self.k * sum(hist)
-        self.accepted += sum(j * h for j, h in enumerate(hist))
-        for i in range(self.k):
-            self.accepted_at[i] += sum(hist[i + 1:])
+    def record(self, n_accepted: Tensor | list[int]) -> None:
+        """Count steps, one per row, that accepted these numbers of drafts."""
+        for n in n_accepted.tolist() if isinstance(n_accepted, Tensor) else n_accepted:
+            self.steps += 1
+            self.drafted += self.k
+            self.accepted += n
+            for i in range(n):
+                self.accepted_at[i] += 1
 
     def merge(self, other: SpecStats) -> None:
         self.drafted, self.accepted, self.steps = (self.drafted + other.drafted, self.accepted + other.accepted,
@@ -276,7 +277,9 @@ class FusedGreedyStep(torch.nn.Module):
     reads the trunk's state there and the token after it, which is draft j+1 for j < n accepted and
     the trunk's own token at j = n; the columns past n are scratch that no later query reads (masked,
     then overwritten by the next window). Sequential modules draft one token (module 1, k = 1);
-    parallel heads any k. Returns (accepted (1,), next token (1,), next drafts (1, k))."""
+    parallel heads any k. Returns (out (1, k+2): the number of drafts accepted, the trunk's next token and
+    the next k drafts, read back with one `tolist`; the next call's tokens (1, k+1): out without its first
+    column, contiguous)."""
 
     def __init__(self, drafter: _ModuleDrafter):
         super().__init__()
@@ -293,7 +296,7 @@ class FusedGreedyStep(torch.nn.Module):
         return isinstance(drafter, ParallelDrafter) or (isinstance(drafter, SequentialDrafter) and drafter.k == 1)
 
     def forward(self, tokens: Tensor, k_stores: list[Tensor], v_stores: list[Tensor], module_k: list[Tensor],
-                module_v: list[Tensor], start: int) -> tuple[Tensor, Tensor, Tensor]:
+                module_v: list[Tensor], start: int) -> tuple[Tensor, Tensor]:
         engine, k = self.engine, self.k
         logits, hidden, shared = engine.row_step(tokens, k_stores, v_stores, start)
         drafts = tokens[:, 1:]
@@ -313,7 +316,8 @@ class FusedGreedyStep(torch.nn.Module):
         for out in outs:
             pick = engine.head(out.index_select(1, n)[:, 0], unembed).argmax(-1)  # (1,): the column at n
             picks.append(pick if self.vocab is None else self.vocab[pick])
-        return n, nxt, torch.stack(picks, 1)
+        tokens = torch.stack([nxt, *picks], 1)
+        return torch.cat([n[:, None], tokens], 1), tokens
 
 
 class OracleDrafter(Drafter):
@@ -436,10 +440,10 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         cache.rollback(lengths)
 
 
-def fused_verify_and_draft(drafter: _ModuleDrafter, tokens: Tensor, cache) -> tuple[Tensor, Tensor, Tensor]:
+def fused_verify_and_draft(drafter: _ModuleDrafter, tokens: Tensor, cache) -> tuple[Tensor, Tensor]:
     """One `FusedGreedyStep` call on the drafter's engine over tokens (1, k+1) = the pending token and the
     drafts; the step (and its compiled graph) is built once per engine for the drafter's kind, draft
-    length and draft vocabulary. Returns (accepted (1,), next token (1,), next drafts (1, k))."""
+    length and draft vocabulary. Returns `FusedGreedyStep`'s (out (1, k+2), next tokens (1, k+1))."""
     return drafter.engine.fused_step(drafter.fused_key, lambda: FusedGreedyStep(drafter), tokens, cache,
                                      drafter.caches)
 
@@ -450,16 +454,18 @@ def _fused_greedy(drafter: _ModuleDrafter, cache, seq: Tensor, outputs: list[lis
     and drafts (timed as the phase verify_draft)."""
     with timer("draft0"):
         drafts, _ = drafter.propose(seq, cache.lengths, 0.0, 1.0, None)
-    pending = seq[:, int(cache.lengths[0])][:, None]
-    new = [int(pending)]
+    c = int(cache.lengths[0])
+    tokens = torch.cat([seq[:, c:c + 1], drafts], 1)  # the pending token and its drafts
+    pending, *drafted = tokens[0].tolist()
+    new = [pending]
     while _emit(outputs, [0], [new], [len(new)], max_new_tokens, eos_id, stop):
         with timer("verify_draft"):
-            n, nxt, next_drafts = fused_verify_and_draft(drafter, torch.cat([pending, drafts], 1), cache)
-            accepted = int(n)
-        stats.record(n)
-        new = drafts[0, :accepted].tolist() + [int(nxt)]
-        cache.rollback(cache.lengths + accepted + 1)
-        pending, drafts = nxt[:, None], next_drafts
+            out, tokens = fused_verify_and_draft(drafter, tokens, cache)
+            n, pending, *next_drafts = out[0].tolist()  # the step's one read back
+        stats.record([n])
+        new = drafted[:n] + [pending]
+        cache.advance(n + 1)
+        drafted = next_drafts
     return outputs
 
 
