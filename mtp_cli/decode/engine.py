@@ -58,6 +58,7 @@ def _fold(norm: Tensor, weight: Tensor) -> Tensor:
 # micro-kernels by timing both once (a few seconds per shape); its kernels keep a few-row product
 # (verification) near the cost of one row, where MKL's cost grows with each row on some CPUs.
 CPU_COMPILE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",  # and freezing: `Engine._timed`
+               "cpp_wrapper": True,  # the graph's kernels called from C++, not Python: 4-9% off a step
                "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # no timing tables on stderr
 ROW_WIDTH = 16  # widest one-row window the compiled CPU step takes (decode steps, verification)
 CAUSAL_TABLE = 2048  # one additive causal mask, (n, n), for windows of one row up to this position
