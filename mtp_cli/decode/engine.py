@@ -22,7 +22,8 @@ Compiled (`compile=True`), two forms:
   that attend over the whole capacity measured slower than eager at batch size 4.
 On CPU the weights are frozen into the graphs as constants and inductor times its own GEMM
 micro-kernels against MKL per product shape (`CPU_COMPILE`): that is what keeps verifying k drafts
-near the cost of one step (MKL's few-row products cost nearly a row each on some CPUs). Each engine
+near the cost of one step (MKL's few-row products cost nearly a row each on some CPUs), and the graph's
+kernels are called from generated C++ rather than Python (`cpp_wrapper`). Each engine
 compiles its own graphs (its weights are in them); the engine is rebuilt, and recompiled, when a
 parameter changes. The MTP modules run eager: compiled the same way, a module's window ran no faster
 alone and slower inside the speculative loop.
