@@ -229,8 +229,8 @@ class ResultSet:
     # ---- provenance ------------------------------------------------------------------------------------
     @property
     def results_commits(self) -> list[str]:
-        """The commits whose code produced these results (run.json and eval.json `git_commit`)."""
-        found = {doc.get("git_commit") for run in self.runs for doc in (run.run, run.eval)} - {None, "", "unknown"}
+        """The commits whose code produced these results (`git_commit` of run.json, eval.json, specbench.json)."""
+        found = {doc.get("git_commit") for run in self.runs for doc in (run.run, run.eval, run.spec)} - {None, "", "unknown"}
         return sorted(found)
 
 

@@ -178,6 +178,15 @@ def test_provenance_names_the_rendering_commit_only_when_it_differs(synth, monke
     assert f"Results produced at commit `{COMMIT[:12]}`; rendered by code at commit `bbbbbbbbbbbb`." in text
 
 
+def test_provenance_names_a_rerun_specbench_commit(synth, monkeypatch):
+    """A stage run again by later code (here the specbench of one run) adds its commit to the provenance."""
+    monkeypatch.setattr(report, "code_commit", lambda: COMMIT)
+    spec = next((synth / "runs").iterdir()) / "specbench.json"
+    spec.write_text(json.dumps({**json.loads(spec.read_text()), "git_commit": "c" * 40}))
+    text = report.render_report(synth).read_text()
+    assert f"Results produced at commit {', '.join(f'`{c[:12]}`' for c in sorted([COMMIT, 'c' * 40]))}" in text
+
+
 def _add_baseline(folder: Path, like: str = "ntp-s0") -> dict:
     """A baseline/ folder (the source checkpoint evaluated as it is) holding a copy of one run's eval."""
     shutil.copytree(folder / "runs" / like, folder / "baseline", ignore=shutil.ignore_patterns("run.json", "ablate.json",

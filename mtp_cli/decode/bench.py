@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtp_cli import ui
+from mtp_cli import env, ui
 from mtp_cli.checkpoint import load_run, write_json
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode.conditions import Condition, plan_conditions
@@ -508,7 +508,7 @@ def _header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) -
         "environment": {"device": str(model.trunk.embed_tokens.weight.device), "threads": torch.get_num_threads(),
                         "torch": torch.__version__, "transformers": transformers.__version__,
                         "dtype": str(model.trunk.embed_tokens.weight.dtype).removeprefix("torch.")},
-        "primary": primary, "conditions": [],
+        "git_commit": env.git_commit(), "primary": primary, "conditions": [],
     }
 
 
