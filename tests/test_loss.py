@@ -176,7 +176,7 @@ def test_linear_cross_entropy_equals_logits_then_cross_entropy(monkeypatch, n_ro
     h.grad, w.grad = None, None
     plain = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w).reshape(-1, 50), y.reshape(-1))
     (3.0 * plain).backward()
-    assert float(fused) == pytest.approx(float(plain), rel=1e-12)
+    assert fused.item() == pytest.approx(plain.item(), rel=1e-12)
     assert torch.allclose(fused_grads[0], h.grad, rtol=1e-10, atol=1e-12)
     assert torch.allclose(fused_grads[1], w.grad, rtol=1e-10, atol=1e-12)
 

@@ -205,9 +205,22 @@ def test_fused_step_equals_verify_then_draft(runs, objective, k):
     assert 0 < rejected < 14
 
 
+def test_fused_step_refuses_a_batch(runs):
+    """The fused step is one row's: a batch gets a plain error, not a shape failure deep in a trace."""
+    model = runs["sequential"].model
+    engine = engine_for(model.trunk, model)
+    prompt = encode(runs["sequential"])[1]
+    cache, *_ = prefill(engine, [prompt, prompt], 64)
+    drafter = make_drafter(model, 1, 2, 70)
+    with pytest.raises(ValueError, match="one row"):
+        engine.fused_step(("test-batch",), lambda: FusedGreedyStep(drafter), torch.zeros(2, 2, dtype=torch.long),
+                          cache, drafter.caches)
+
+
 def test_stats_follow_vllm_definitions():
     stats = SpecStats(3)
-    stats.record(torch.tensor([0, 3, 1, 2]))
+    stats.record(torch.tensor([0, 3]))
+    stats.record([1, 2])  # the fused loop's Python ints count the same
     assert (stats.drafted, stats.accepted, stats.steps) == (12, 6, 4)
     assert stats.acceptance_rate == 0.5
     assert stats.mean_acceptance_length == 2.5

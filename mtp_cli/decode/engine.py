@@ -376,6 +376,8 @@ class Engine(torch.nn.Module):
             self._fused[key] = (step, torch.compile(step, dynamic=True, options=CPU_COMPILE)
                                 if self._row_step is not None else None)
         step, compiled = self._fused[key]
+        if tokens.shape[0] != 1 or cache.batch != 1:
+            raise ValueError(f"a fused step serves one row, got tokens {tuple(tokens.shape)} on a cache of {cache.batch}")
         start, T = int(cache.lengths[0]), tokens.shape[1]
         cache.check(start + T - 1)
         for c in module_caches:
