@@ -41,7 +41,7 @@ def main() -> None:
     from mtp_cli.decode.draft_vocab import DEFAULT_SHARE
     from mtp_cli.decode.engine import Engine
     from mtp_cli.decode.generate import prefill
-    from mtp_cli.decode.speculative import FusedGreedyStep, ParallelDrafter, SequentialDrafter
+    from mtp_cli.decode.speculative import FusedGreedyStep, ParallelDrafter, SequentialDrafter, fused_input
     from mtp_cli.model.mtp import MTPModel
 
     torch.set_num_threads(args.threads)
@@ -93,7 +93,7 @@ def main() -> None:
             engine = Engine(sequential.trunk, sequential, compile=compiled)
             cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
             drafter = SequentialDrafter(engine, sequential, 1, 1, cfg.context + 8, vocab)
-            step, start, tokens = FusedGreedyStep(drafter), cache.lengths.clone(), torch.full((1, 2), 7)
+            step, start, tokens = FusedGreedyStep(drafter), cache.lengths.clone(), fused_input(torch.full((1, 2), 7))
 
             def fused(engine=engine, cache=cache, drafter=drafter, step=step, start=start, tokens=tokens):
                 engine.fused_step(("parts",), lambda: step, tokens, cache, drafter.caches)

@@ -178,7 +178,12 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     init_weights(model, 0.3)
     first, later = PROMPTS[0], PROMPTS[1:]
     assert generate(model.trunk, [first], 12, compile=True) == generate(model.trunk, [first], 12)
+    # one fused call, its tokens made by `fused_input`; the capacities (a 14-token prompt) equal no fixed size
+    # of the model, which torch.compile would take as the same constant (duck sizing)
+    speculative_generate(model, [first + first], 2, compile=True)
+    fused_graphs = compiled_graphs()
     assert speculative_generate(model, [first], 12, compile=True) == generate(model.trunk, [first], 12)
+    assert compiled_graphs() == fused_graphs, "the fused step, fed its own output, recompiled"
     engine = engine_for(model.trunk, model, compile=True)
     assert engine._row_step is not None and engine.compile_s > 0
     with torch.no_grad():

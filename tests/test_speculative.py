@@ -184,10 +184,8 @@ def test_fused_step_equals_verify_then_draft(runs, objective, k):
             drafts[0, (i % (k + 2)) :] += 1  # wrong from draft i mod (k+2) on: every acceptance count occurs
             drafts %= vocab_size
             tokens = torch.cat([seq[:, c:c + 1], drafts], 1)
-            out, next_tokens = engine.fused_step(("test", objective, k), lambda: step, tokens, cache_f,
-                                                 drafter_f.caches)
+            out = engine.fused_step(("test", objective, k), lambda: step, tokens, cache_f, drafter_f.caches)
             n, nxt, next_drafts = out[0, 0], out[0, 1], out[:, 2:]
-            assert torch.equal(next_tokens, out[:, 1:])
             cache_f.rollback(cache_f.lengths + n + 1)
             logits, hidden, shared = engine.step(tokens, cache_s)
             n_s, nxt_s = accept(drafts, None, logits)

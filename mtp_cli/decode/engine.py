@@ -14,9 +14,11 @@ Attention, eager: attend to the keys up to the furthest position written, with n
 and one query, SDPA's causal kernel for a fresh prefill, a view of one precomputed causal mask for a
 one-row window, else an additive mask built once per forward.
 
-Compiled (`compile=True`), two forms:
+Compiled (`compile=True`), three forms:
 - one row on CPU (`step`): the trunk and its unembedding in one graph whose position is a symbol, so
   it attends only to the keys written and never recompiles as the sequence grows or rolls back;
+- one row, greedy, speculative (`fused_step`): verification, acceptance and the MTP modules' next draft
+  in one graph of the same kind (`speculative.FusedGreedyStep`);
 - on CUDA: every shape fixed — attend over the whole cache capacity, mask from the positions
   tensor — with `mode="reduce-overhead"` (CUDA graphs). On CPU batches run eager: fixed-shape graphs
   that attend over the whole capacity measured slower than eager at batch size 4.
@@ -25,8 +27,8 @@ micro-kernels against MKL per product shape (`CPU_COMPILE`): that is what keeps 
 near the cost of one step (MKL's few-row products cost nearly a row each on some CPUs), and the graph's
 kernels are called from generated C++ rather than Python (`cpp_wrapper`). Each engine
 compiles its own graphs (its weights are in them); the engine is rebuilt, and recompiled, when a
-parameter changes. The MTP modules run eager: compiled the same way, a module's window ran no faster
-alone and slower inside the speculative loop.
+parameter changes. Otherwise the MTP modules run eager: compiled the same way on its own, a module's
+window ran no faster alone and slower inside the two-call speculative loop.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _fold(norm: Tensor, weight: Tensor) -> Tensor:
 # micro-kernels by timing both once (a few seconds per shape); its kernels keep a few-row product
 # (verification) near the cost of one row, where MKL's cost grows with each row on some CPUs.
 CPU_COMPILE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",  # and freezing: `Engine._timed`
-               "cpp_wrapper": True,  # the graph's kernels called from C++, not Python: 4-9% off a step
+               "cpp_wrapper": True,  # the graph's kernels called from C++, not Python: 7-9% off a step, ~5% off fused
                "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # no timing tables on stderr
 ROW_WIDTH = 16  # widest one-row window the compiled CPU step takes (decode steps, verification)
 CAUSAL_TABLE = 2048  # one additive causal mask, (n, n), for windows of one row up to this position
@@ -371,13 +373,14 @@ class Engine(torch.nn.Module):
         """Run a one-row step module (`speculative.FusedGreedyStep`, made by `build()` once per `key` and
         engine) over tokens (1, T) at the cache's length, compiled when the engine is; the caller sets the
         cache's new length."""
+        if tokens.shape[0] != 1 or cache.batch != 1:
+            raise ValueError(f"a fused step serves one row, got tokens {tuple(tokens.shape)} on a cache of "
+                             f"{cache.batch} rows")
         if key not in self._fused:
             step = build()
             self._fused[key] = (step, torch.compile(step, dynamic=True, options=CPU_COMPILE)
                                 if self._row_step is not None else None)
         step, compiled = self._fused[key]
-        if tokens.shape[0] != 1 or cache.batch != 1:
-            raise ValueError(f"a fused step serves one row, got tokens {tuple(tokens.shape)} on a cache of {cache.batch}")
         start, T = int(cache.lengths[0]), tokens.shape[1]
         cache.check(start + T - 1)
         for c in module_caches:

@@ -11,9 +11,9 @@ drafts in one forward (`accept` is the one place the acceptance rule lives):
 
 Bookkeeping per row: the trunk's KV cache holds positions 0..c-1 and `seq[c]` is the pending token
 (committed, not yet fed to the trunk); positions after c in `seq` are scratch for drafts. Rejected
-drafts are undone by rolling the trunk's cache back (`StaticKVCache.rollback`; module caches are written
-at explicit positions and simply overwritten); rows accept different numbers of drafts (ragged)
-and leave the batch when they finish.
+drafts are undone by setting the trunk's cache length (`StaticKVCache.rollback`, or `advance` past the
+kept tokens in the fused loop; module caches are written at explicit positions and simply overwritten);
+rows accept different numbers of drafts (ragged) and leave the batch when they finish.
 
 Drafters:
 - `SequentialDrafter` (DeepSeek-V3 modules): depth d at position j fuses h^{d-1}_j with Emb(x_{j+d})
@@ -25,7 +25,8 @@ Drafters:
 - `ParallelDrafter` (Meta heads): heads 2..n read the input of the trunk's last layer, each with its
   own KV cache, and draft t+2..t+n from the same position.
 All forwards run on the decode engine (`engine.py`): the trunk's verification at fixed width k+1
-(compiled with `compile=True`), the modules eager.
+(compiled with `compile=True`), the modules eager; one row, greedy, both in one call (`FusedGreedyStep`,
+compiled whole).
 - `OracleDrafter`: drafts from known continuations (the trunk's own greedy output: acceptance 1), or
   drafts that are always wrong; both for tests.
 
@@ -277,9 +278,8 @@ class FusedGreedyStep(torch.nn.Module):
     reads the trunk's state there and the token after it, which is draft j+1 for j < n accepted and
     the trunk's own token at j = n; the columns past n are scratch that no later query reads (masked,
     then overwritten by the next window). Sequential modules draft one token (module 1, k = 1);
-    parallel heads any k. Returns (out (1, k+2): the number of drafts accepted, the trunk's next token and
-    the next k drafts, read back with one `tolist`; the next call's tokens (1, k+1): out without its first
-    column, contiguous)."""
+    parallel heads any k. Returns out (1, k+2): the number of drafts accepted, the trunk's next token and
+    the next k drafts, read back with one `tolist`; `out[:, 1:]` is the next call's tokens."""
 
     def __init__(self, drafter: _ModuleDrafter):
         super().__init__()
@@ -296,7 +296,7 @@ class FusedGreedyStep(torch.nn.Module):
         return isinstance(drafter, ParallelDrafter) or (isinstance(drafter, SequentialDrafter) and drafter.k == 1)
 
     def forward(self, tokens: Tensor, k_stores: list[Tensor], v_stores: list[Tensor], module_k: list[Tensor],
-                module_v: list[Tensor], start: int) -> tuple[Tensor, Tensor]:
+                module_v: list[Tensor], start: int) -> Tensor:
         engine, k = self.engine, self.k
         logits, hidden, shared = engine.row_step(tokens, k_stores, v_stores, start)
         drafts = tokens[:, 1:]
@@ -316,8 +316,7 @@ class FusedGreedyStep(torch.nn.Module):
         for out in outs:
             pick = engine.head(out.index_select(1, n)[:, 0], unembed).argmax(-1)  # (1,): the column at n
             picks.append(pick if self.vocab is None else self.vocab[pick])
-        tokens = torch.stack([nxt, *picks], 1)
-        return torch.cat([n[:, None], tokens], 1), tokens
+        return torch.cat([n[:, None], nxt[:, None], *(p[:, None] for p in picks)], 1)
 
 
 class OracleDrafter(Drafter):
@@ -440,10 +439,17 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         cache.rollback(lengths)
 
 
-def fused_verify_and_draft(drafter: _ModuleDrafter, tokens: Tensor, cache) -> tuple[Tensor, Tensor]:
+def fused_input(tokens: Tensor) -> Tensor:
+    """tokens (1, k+1), the pending token and its drafts, laid out as every later fused call gets them:
+    `out[:, 1:]` of a (1, k+2) tensor like `FusedGreedyStep`'s output. A compiled graph is specialised to
+    its input's strides, so a first call with a contiguous (1, k+1) tensor would build a second graph."""
+    return torch.cat([tokens.new_zeros(1, 1), tokens], 1)[:, 1:]
+
+
+def fused_verify_and_draft(drafter: _ModuleDrafter, tokens: Tensor, cache) -> Tensor:
     """One `FusedGreedyStep` call on the drafter's engine over tokens (1, k+1) = the pending token and the
-    drafts; the step (and its compiled graph) is built once per engine for the drafter's kind, draft
-    length and draft vocabulary. Returns `FusedGreedyStep`'s (out (1, k+2), next tokens (1, k+1))."""
+    drafts (`fused_input`, or the previous call's `out[:, 1:]`); the step (and its compiled graph) is built
+    once per engine for the drafter's kind, draft length and draft vocabulary. Returns its out (1, k+2)."""
     return drafter.engine.fused_step(drafter.fused_key, lambda: FusedGreedyStep(drafter), tokens, cache,
                                      drafter.caches)
 
@@ -453,19 +459,20 @@ def _fused_greedy(drafter: _ModuleDrafter, cache, seq: Tensor, outputs: list[lis
     """`speculative_generate`'s loop for one row, greedy: each step one `FusedGreedyStep` call verifies
     and drafts (timed as the phase verify_draft)."""
     with timer("draft0"):
-        drafts, _ = drafter.propose(seq, cache.lengths, 0.0, 1.0, None)
+        first, _ = drafter.propose(seq, cache.lengths, 0.0, 1.0, None)
     c = int(cache.lengths[0])
-    tokens = torch.cat([seq[:, c:c + 1], drafts], 1)  # the pending token and its drafts
-    pending, *drafted = tokens[0].tolist()
-    new = [pending]
+    tokens = fused_input(torch.cat([seq[:, c:c + 1], first], 1))  # the pending token and its drafts
+    token, *drafts = tokens[0].tolist()  # Python ints from here on
+    new = [token]
     while _emit(outputs, [0], [new], [len(new)], max_new_tokens, eos_id, stop):
         with timer("verify_draft"):
-            out, tokens = fused_verify_and_draft(drafter, tokens, cache)
-            n, pending, *next_drafts = out[0].tolist()  # the step's one read back
+            out = fused_verify_and_draft(drafter, tokens, cache)
+            n, token, *next_drafts = out[0].tolist()  # the step's one read back
+            tokens = out[:, 1:]
         stats.record([n])
-        new = drafted[:n] + [pending]
+        new = drafts[:n] + [token]
         cache.advance(n + 1)
-        drafted = next_drafts
+        drafts = next_drafts
     return outputs
 
 

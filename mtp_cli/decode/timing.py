@@ -58,7 +58,7 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
     engine's graphs each hold their own frozen weights, so calls that alternate widths would read two
     copies). The first round warms up (and compiles)."""
     from mtp_cli.decode.generate import cache_capacity, prefill
-    from mtp_cli.decode.speculative import fused_verify_and_draft
+    from mtp_cli.decode.speculative import fused_input, fused_verify_and_draft
 
     device = engine.device
     parts = [*widths, "fused"] if fused is not None else list(widths)
@@ -66,7 +66,7 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
 
     def call(part) -> None:
         if part == "fused":
-            fused_verify_and_draft(drafter, inputs[drafter.k + 1], cache)
+            fused_verify_and_draft(drafter, inputs["fused"], cache)
         else:
             engine.step(inputs[part], cache)
         cache.rollback(lengths)
@@ -76,8 +76,9 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
         cache, logits, _, _ = prefill(engine, prompts, cache_capacity(engine, needed))
         lengths = cache.lengths.clone()
         drafter = fused(cache.capacity) if fused is not None else None
-        inputs = {width: logits.argmax(-1)[:, None].expand(-1, width).contiguous()
-                  for width in {*widths, *([drafter.k + 1] if drafter else [])}}
+        inputs = {width: logits.argmax(-1)[:, None].expand(-1, width).contiguous() for width in widths}
+        if drafter is not None:
+            inputs["fused"] = fused_input(logits.argmax(-1)[:, None].expand(-1, drafter.k + 1))
         for i in range(rounds + 1):
             for part in parts:
                 call(part)
