@@ -230,7 +230,8 @@ class ResultSet:
     @property
     def results_commits(self) -> list[str]:
         """The commits whose code produced these results (`git_commit` of run.json, eval.json, specbench.json)."""
-        found = {doc.get("git_commit") for run in self.runs for doc in (run.run, run.eval, run.spec)} - {None, "", "unknown"}
+        found = {doc.get("git_commit") for run in self.runs for doc in (run.run, run.eval, run.spec)}
+        found -= {None, "", "unknown"}
         return sorted(found)
 
 

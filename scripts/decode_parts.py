@@ -41,7 +41,7 @@ def main() -> None:
     from mtp_cli.decode.draft_vocab import DEFAULT_SHARE
     from mtp_cli.decode.engine import Engine
     from mtp_cli.decode.generate import prefill
-    from mtp_cli.decode.speculative import FusedGreedyStep, ParallelDrafter, SequentialDrafter, fused_input
+    from mtp_cli.decode.speculative import ParallelDrafter, SequentialDrafter, fused_input, fused_verify_and_draft
     from mtp_cli.model.mtp import MTPModel
 
     torch.set_num_threads(args.threads)
@@ -93,10 +93,10 @@ def main() -> None:
             engine = Engine(sequential.trunk, sequential, compile=compiled)
             cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
             drafter = SequentialDrafter(engine, sequential, 1, 1, cfg.context + 8, vocab)
-            step, start, tokens = FusedGreedyStep(drafter), cache.lengths.clone(), fused_input(torch.full((1, 2), 7))
+            start, tokens = cache.lengths.clone(), fused_input(torch.full((1, 2), 7))
 
-            def fused(engine=engine, cache=cache, drafter=drafter, step=step, start=start, tokens=tokens):
-                engine.fused_step(("parts",), lambda: step, tokens, cache, drafter.caches)
+            def fused(cache=cache, drafter=drafter, start=start, tokens=tokens):
+                fused_verify_and_draft(drafter, tokens, cache)
                 cache.rollback(start)
             fused()
             parts[tag + "fused verify+draft"] = fused

@@ -276,7 +276,8 @@ def test_linear_offset_loss_drops_the_last_k_positions():
     for k in range(3):
         expected = L.offset_loss(torch.nn.functional.linear(h, w), y, k)
         assert float(L.linear_offset_loss(h, w, y, k)) == pytest.approx(float(expected), rel=1e-6)
-        assert float(L.linear_offset_loss(h.requires_grad_(), w, y, k).detach()) == pytest.approx(float(expected), rel=1e-6)
+        with_grad = L.linear_offset_loss(h.requires_grad_(), w, y, k).detach()
+        assert float(with_grad) == pytest.approx(float(expected), rel=1e-6)
         h = h.detach()
 
 
