@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
+from mtp_cli import outputs
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.model import MTPModel
 
 CHECKPOINT = "checkpoint.pt"
-RUN_JSON = "run.json"
+RUN_JSON = outputs.RUN_MARKER
 METRICS = "metrics.jsonl"
 TOKENIZER = "tokenizer"
 
@@ -91,6 +92,8 @@ def recipe_of_run(run_dir: Path) -> Recipe:
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     """Model (eval mode), tokenizer and recipe of a trained run folder."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} is a file, not a run folder")
     if not run_dir.is_dir():
         raise UserError(f"run folder not found: {run_dir}")
     state = load_checkpoint(run_dir)

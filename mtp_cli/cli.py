@@ -10,6 +10,7 @@ import typer
 
 from mtp_cli import ui
 from mtp_cli.errors import UserError
+from mtp_cli.paths import RESULTS_ROOT
 
 # Decoding one sequence is many small ops: a second OpenMP thread gains little on idle cores and, when another
 # process holds a core, makes every op wait at a barrier (measured: README, "Threads").
@@ -57,6 +58,7 @@ def train(
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
     from mtp_cli import checkpoint as ckpt
+    from mtp_cli import outputs
     from mtp_cli import train as trainer
     from mtp_cli.config import load_recipe, objective_from_flags, resolve_recipe_path
     from mtp_cli.model import pretrained
@@ -85,7 +87,7 @@ def train(
     if data:
         r.override("data", source="files", paths=list(data))
     r.validate()
-    out = out or Path("runs") / trainer.default_run_name(r)
+    out = outputs.folder(out or Path("runs") / trainer.default_run_name(r), "--out")
     if resume and not (out / ckpt.RUN_JSON).is_file():
         raise UserError(f"--resume: {out} holds no run to continue")
     summary = trainer.train(r, out, resume=resume, force=force)
@@ -100,7 +102,8 @@ def _train_table(summary: dict):
     rows = [[key, f"{value:.4f}"] for key, value in summary["final"].items() if key not in ("kind", "step")]
     thr = summary["throughput"]
     rows.append(["tokens/s (median)", f"{thr['tokens_per_s_median']:,.0f}" if thr["tokens_per_s_median"] else "-"])
-    rows.append(["MFU (median)", f"{thr['mfu_median']:.1%}" if thr["mfu_median"] else "-"])
+    rows.append(["MFU (median)", f"{thr['mfu_median']:.1%}" if thr["mfu_median"] else
+                 ("- (" + summary["peak_note"] + ")" if summary.get("peak_note") else "-")])
     rows.append(["params trunk / MTP", f"{summary['params']['trunk']:,} / {summary['params']['mtp']:,}"])
     return Table(f"{summary['run']} — {summary['note']}", ["metric", "value"], rows)
 
@@ -108,13 +111,14 @@ def _train_table(summary: dict):
 @app.command()
 def export(
     run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
-    out: Optional[Path] = typer.Option(None, help="Folder for the Hugging Face checkpoint, replaced if it exists "
-                                       "[default: RUN/export]."),
+    out: Optional[Path] = typer.Option(None, help="Folder for the Hugging Face checkpoint [default: RUN/export]: a new "
+                                       "or empty folder, or an earlier export (replaced)."),
+    force: bool = typer.Option(False, help="Replace a folder holding other files (never one holding a run)."),
 ) -> None:
     """Write the trunk alone (MTP modules discarded) as a Hugging Face LlamaForCausalLM checkpoint."""
     from mtp_cli.model.hf import export_run
 
-    path = export_run(run, out or run / "export")
+    path = export_run(run, out or run / "export", force=force)
     ui.out.print(f"exported {run} -> {path} (load with transformers.AutoModelForCausalLM.from_pretrained)", markup=False)
 
 
@@ -133,7 +137,9 @@ def eval_(
     truncate: bool = typer.Option(True, "--truncate/--no-truncate",
                                   help="Cut prompts longer than the trained context from the left (lm-eval's rule; "
                                        "counts reported), or refuse to run such an eval."),
-    gsm8k_fewshot: int = typer.Option(5, help="GSM8K few-shot examples (lm-eval's num_fewshot)."),
+    gsm8k_fewshot: Optional[int] = typer.Option(None, help="GSM8K few-shot examples (lm-eval's num_fewshot) [default: "
+                                                "the recipe's eval.gsm8k_fewshot, fewer where its prompts would not "
+                                                "fit the trained context]."),
     hf: Optional[str] = typer.Option(None, "--hf", help="Evaluate a Hugging Face checkpoint (folder or Hub id) instead "
                                      "of a run: the 'before' row of continued pretraining."),
     recipe: Optional[str] = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
@@ -176,6 +182,13 @@ def generate(
     _use_threads(threads)
     result = complete(run, prompt, max_new_tokens, temperature, top_p, seed, speculative=speculative,
                       draft_len=draft_len, compile=compile, draft_vocab=draft_vocab)
+    if result["max_new_tokens"] != max_new_tokens:
+        ui.console.print(f"note: --max-new-tokens {max_new_tokens} does not fit the trained context {result['context']}; "
+                         f"at most {result['max_new_tokens']} new tokens", markup=False, soft_wrap=True)
+    if result["prompt_cut"]:
+        ui.console.print(f"note: the prompt's first {result['prompt_cut']} of {result['prompt_tokens']} tokens were cut, "
+                         f"so that it and {result['max_new_tokens']} new tokens fit the trained context "
+                         f"{result['context']}", markup=False, soft_wrap=True)
     ui.out.print(prompt + result["text"], markup=False, highlight=False)
     ui.console.print(f"{result['tokens']} tokens in {result['seconds']:.2f} s", highlight=False)
     if speculative:
@@ -235,7 +248,8 @@ def ablate(
     seeds: Optional[str] = typer.Option(None, help="Run only these seeds, e.g. 0,1 (default: the recipe's)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and its estimated cost; run nothing."),
     force: bool = typer.Option(False, help="Discard results in the folder that come from another recipe version."),
-    results_root: Path = typer.Option(Path("results"), help="Results go to RESULTS_ROOT/<recipe>/."),
+    results_root: Path = typer.Option(RESULTS_ROOT, help="Results go to RESULTS_ROOT/<recipe>/ (the committed copies "
+                                      "are under results/)."),
     gsm8k_data: Optional[Path] = typer.Option(None, help="GSM8K folder for the eval stage, or `hub` [default: "
                                               "$MTP_GSM8K_DATA, else the recipe's eval.gsm8k_data, else data/gsm8k]."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads for every stage (default: torch's, one per core)."),
@@ -259,7 +273,12 @@ def ablate(
     """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
     from mtp_cli import ablate as ablation
 
+    from mtp_cli import outputs
+
     _use_threads(threads)
+    outputs.folder(results_root, "--results-root")
+    if job_folder is not None:
+        outputs.folder(job_folder, "--job-folder")
     seed_list = _int_list(seeds, "--seeds") if seeds is not None else None
     if status is not None:
         from mtp_cli.launch.status import ablation_status, status_table

@@ -59,6 +59,7 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
 
     from mtp_cli.checkpoint import load_run
     from mtp_cli.errors import UserError
+    from mtp_cli.evals.context import generation_budget, generation_cut
 
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -68,6 +69,10 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
     ids = encode(run.tokenizer, prompt)
     if not ids:
         raise UserError("--prompt is empty")
+    context, asked = run.recipe.model.context, max_new_tokens
+    max_new_tokens = generation_budget(max_new_tokens, context)  # lm-eval's rules, as the evals apply them
+    cut = generation_cut(len(ids), max_new_tokens, context)
+    ids = ids[cut:]
     if draft_len is not None and not speculative:
         raise UserError("--draft-len needs --speculative")
     if draft_vocab is not None and not speculative:
@@ -87,7 +92,9 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
         (out,) = generate_ids(run.model.trunk, run.tokenizer, [ids], max_new_tokens, temperature=temperature,
                               top_p=top_p, generator=generator, compile=compile)
     seconds = time.perf_counter() - t0
-    result = {"text": run.tokenizer.decode(out, skip_special_tokens=True), "tokens": len(out), "seconds": seconds}
+    result = {"text": run.tokenizer.decode(out, skip_special_tokens=True), "tokens": len(out), "seconds": seconds,
+              "prompt_tokens": len(ids) + cut, "prompt_cut": cut, "context": context,
+              "max_new_tokens": max_new_tokens, "max_new_tokens_asked": asked}
     if speculative:
         result["speculative"] = stats.to_dict()
     return result

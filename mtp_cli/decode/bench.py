@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtp_cli import env, ui
+from mtp_cli import env, outputs, ui
 from mtp_cli.checkpoint import load_run, write_json
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode.conditions import Condition, plan_conditions
@@ -94,6 +94,7 @@ def run_specbench(run_dir, prompts: str | Sequence[str] = "humaneval", limit: in
     torch.compile switch (None: the device's default); `draft_vocab` how many of the most frequent
     training tokens the MTP modules draft from (None: a quarter of the vocabulary; 0: all of it)."""
     batch_sizes = _check_args(limit, max_new_tokens, batch_sizes, repeats)
+    json_path = outputs.file(Path(json_path) if json_path else Path(run_dir) / JSON_NAME, "--json")
     conditions, primary = plan_conditions(prompts, temperatures, primary)
     if peers not in PEER_SCOPES:
         raise UserError(f"--peers must be one of {', '.join(PEER_SCOPES)}, got {peers!r}")
@@ -147,7 +148,8 @@ def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_ne
                 if bs == batch_sizes[0]:  # the reference text: our plain decoder, smallest batch size
                     entry["text"] = text_stats(tallies[condition.baseline][0].outputs, run.tokenizer)
             report["conditions"].append(entry)
-    write_json(Path(json_path) if json_path else Path(run_dir) / JSON_NAME, report)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(json_path, report)
     return report
 
 

@@ -57,7 +57,9 @@ def draft_vocabulary(run, size: int | None) -> tuple[torch.Tensor | None, dict]:
     size = default_size(V) if size is None else size
     if size < 0:
         raise UserError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {size}")
-    if size == 0 or size >= V:
+    if size > V:
+        raise UserError(f"--draft-vocab {size} is above the run's vocabulary of {V} tokens (0: all of them)")
+    if size == 0 or size == V:
         return None, {"size": V, "vocab_size": V, "training_share": 1.0}
     counts = run_counts(run)
     ids = top_tokens(counts, size)

@@ -133,12 +133,21 @@ def report(run, limit: int | None = None, text: str | Path | None = None, progre
                             "note": f"training's val_loss: the first eval_batches x batch_size = {n_train} of these "
                                     f"{out['n_windows']} windows"}
     if text is not None:
-        path = Path(text)
-        try:
-            content = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read --text {path}: {exc}") from None
-        ids = np.asarray(run.tokenizer(content, add_special_tokens=False).input_ids, dtype=np.int64)
-        out["text"] = score_tokens(run.model, run.tokenizer, ids, limit, progress, f"heldout: {path.name}") | {
-            "source": str(path.resolve())}
+        ids = text_tokens(text, run.tokenizer, run.recipe.model.context)
+        out["text"] = score_tokens(run.model, run.tokenizer, ids, limit, progress, f"heldout: {Path(text).name}") | {
+            "source": str(Path(text).resolve())}
     return out
+
+
+def text_tokens(text: str | Path, tokenizer, context: int) -> np.ndarray:
+    """The tokens of `--text FILE`, refused in one line when unreadable or shorter than one window
+    (checked by `mtp eval` before any other work)."""
+    path = Path(text)
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read --text {path}: {exc}") from None
+    ids = np.asarray(tokenizer(content, add_special_tokens=False).input_ids, dtype=np.int64)
+    if len(ids) < context + 1:
+        raise UserError(f"--text {path}: {len(ids)} tokens are fewer than one window of context + 1 = {context + 1}")
+    return ids

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mtp_cli import env, ui
+from mtp_cli import env, outputs, ui
 from mtp_cli.checkpoint import load_run, write_json
 from mtp_cli.config import EVAL_TASKS
 from mtp_cli.errors import UserError
@@ -76,6 +76,7 @@ def hf_run(source: str, recipe=None):
     from mtp_cli.data import tokenizer as toklib
     from mtp_cli.model import MTPModel, pretrained
 
+    pretrained.locate(source, flag="--hf")
     r = load_recipe(recipe or "quick")
     r.train.init_from, r.train.freeze_trunk, r.mtp = str(source), False, MTPConfig()
     src = pretrained.resolve_recipe(r, pretrained.given_model_keys(resolve_recipe_path(recipe)) if recipe else set())
@@ -89,7 +90,8 @@ def run_eval(run_dir=None, tasks=("humaneval", "gsm8k", "heldout"), limit=None, 
              gsm8k_fewshot=None, hf=None, recipe=None, compile=None) -> dict:
     """Evaluate one run, or with `hf` a Hugging Face checkpoint (folder or Hub id; `recipe` gives its
     held-out data); writes and returns the eval JSON document. `truncate=False` refuses any eval that
-    would need a prompt cut to stay inside the trained context; `gsm8k_fewshot` defaults to 5.
+    would need a prompt cut to stay inside the trained context; `gsm8k_fewshot` defaults to the recipe's
+    eval.gsm8k_fewshot, lowered to the largest count whose prompts fit the trained context.
     `compile`: the decoder's torch.compile switch (None: the device's default)."""
     from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
     from mtp_cli.evals.lm import MTPLM
@@ -110,11 +112,16 @@ def run_eval(run_dir=None, tasks=("humaneval", "gsm8k", "heldout"), limit=None, 
         humaneval.check_decoding(samples, temperature)
         sandbox.detect()  # fails here, not after generating, where no fence can be built
     if "gsm8k" in tasks:
-        gsm8k.check_fewshot(gsm8k.NUM_FEWSHOT if gsm8k_fewshot is None else gsm8k_fewshot)
+        if gsm8k_fewshot is not None:
+            gsm8k.check_fewshot(gsm8k_fewshot)
         gsm8k_data = gsm8k.preflight(gsm8k_data)
-    if text is not None and not Path(text).is_file():
-        raise UserError(f"--text {text}: no such file")
-    json_path = Path(json_path) if json_path else run_dir / "eval.json"
+    if text is not None:
+        if not Path(text).is_file():
+            raise UserError(f"--text {text}: no such file")
+        heldout.text_tokens(text, run.tokenizer, run.recipe.model.context)
+    json_path = outputs.file(Path(json_path) if json_path else run_dir / "eval.json", "--json")
+    for task in tasks:
+        outputs.file(samples_path(json_path, task, "windows" if task == "heldout" else "samples"), "--json")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     export_dir, trunk, tokenizer = None, None, None
     if source is not None:
@@ -122,7 +129,10 @@ def run_eval(run_dir=None, tasks=("humaneval", "gsm8k", "heldout"), limit=None, 
     elif {"humaneval", "gsm8k"} & set(tasks):
         export_dir = ensure_export(run_dir)
         trunk, tokenizer = load_export(export_dir)
-    fewshot = gsm8k.NUM_FEWSHOT if gsm8k_fewshot is None else gsm8k_fewshot
+    fewshot = gsm8k_fewshot
+    if "gsm8k" in tasks and fewshot is None:  # the recipe's count, fewer where its prompts would not fit
+        fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=trunk, tokenizer=tokenizer), limits["gsm8k"], gsm8k_data,
+                                        run.recipe.eval.gsm8k_fewshot)
     if "humaneval" in tasks:  # with truncate off, refusals come before any model work
         humaneval.check_context(trunk, tokenizer, limits["humaneval"], truncate=truncate)
     if "gsm8k" in tasks:

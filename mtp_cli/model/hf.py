@@ -13,20 +13,23 @@ so the config carries both.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from mtp_cli import outputs
 from mtp_cli.config import ModelConfig
 from mtp_cli.errors import UserError
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.model import pretrained
 from mtp_cli.model.trunk import Trunk
 
-EXPORT_INFO = "mtp_export.json"  # provenance: which run, step and objective the export came from
+EXPORT_INFO = outputs.EXPORT_MARKER  # provenance: which run, step and objective the export came from
 
 
 def hf_config(model_cfg: ModelConfig, tokenizer, n_layers: int | None = None) -> LlamaConfig | Qwen2Config:
@@ -118,30 +121,47 @@ def ensure_export(run_dir: str | Path, out_dir: str | Path | None = None) -> Pat
     return export_run(run_dir, out_dir)
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write the run's trunk (MTP modules discarded) as a Hugging Face checkpoint folder; return it."""
+def export_run(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> Path:
+    """Write the run's trunk (MTP modules discarded) as a Hugging Face checkpoint folder; return it.
+    Only a new or empty folder or an earlier export is replaced (`outputs.replaceable_export`), and
+    atomically: the export is written beside it and swapped in whole."""
     from mtp_cli.checkpoint import load_run
 
+    out_dir = outputs.replaceable_export(out_dir, run_dir, force)
     run = load_run(run_dir)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} exists and is not a folder")
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    hf_logging.disable_progress_bar()
-    model = to_hf_model(run)
-    model.generation_config = generation_config(run.tokenizer)
-    model.save_pretrained(tmp, safe_serialization=True)
-    run.tokenizer.save_pretrained(tmp)
-    counts = run.model.param_counts()
-    (tmp / EXPORT_INFO).write_text(json.dumps({
-        "run": str(Path(run_dir).resolve()), "step": run.step, "objective": run.model.objective,
-        "trunk_params": counts["trunk"], "mtp_params_discarded": counts["mtp"], "source": _source_stamp(run_dir),
-    }, indent=2) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.replace(out_dir)
+    out_dir = Path(os.path.abspath(out_dir))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        hf_logging.disable_progress_bar()
+        model = to_hf_model(run)
+        model.generation_config = generation_config(run.tokenizer)
+        model.save_pretrained(tmp, safe_serialization=True)
+        run.tokenizer.save_pretrained(tmp)
+        counts = run.model.param_counts()
+        (tmp / EXPORT_INFO).write_text(json.dumps({
+            "run": str(Path(run_dir).resolve()), "step": run.step, "objective": run.model.objective,
+            "trunk_params": counts["trunk"], "mtp_params_discarded": counts["mtp"], "source": _source_stamp(run_dir),
+        }, indent=2) + "\n")
+        _swap_in(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Put the folder `new` at `target`; whatever was at `target` is removed only once `new` is in place."""
+    if not target.exists():
+        new.rename(target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    target.replace(old)
+    try:
+        new.rename(target)
+    except OSError:
+        old.replace(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_export(export_dir: str | Path) -> tuple[Trunk, object]:

@@ -47,23 +47,24 @@ class Source:
                 "weights_sha256": weights_hash(self.path)}
 
 
-def locate(source: str | Path) -> Path:
-    """The local folder of a source: the folder itself, or the Hub snapshot (downloaded or cached)."""
+def locate(source: str | Path, flag: str = "--init-from") -> Path:
+    """The local folder of a source: the folder itself, or the Hub snapshot (downloaded or cached).
+    `flag` names the option the source came from in error messages."""
     name = str(source)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise UserError(f"--init-from {name}: no Hugging Face checkpoint there (config.json missing)")
+            raise UserError(f"{flag} {name}: no Hugging Face checkpoint there (config.json missing)")
         return path
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise UserError(f"--init-from {name}: no such folder, and not a Hub id (owner/name)")
+        raise UserError(f"{flag} {name}: no such folder, and not a Hub id (owner/name)")
     try:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(repo_id=name, allow_patterns=_HUB_FILES))
     except Exception as exc:  # network, unknown repo, gated, not in the offline cache
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"--init-from {name}: not a local folder and not found on the Hub or in its cache ({first})") from None
+        raise UserError(f"{flag} {name}: not a local folder and not found on the Hub or in its cache ({first})") from None
 
 
 def in_hub_cache(name: str) -> bool:
