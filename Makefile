@@ -4,8 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MTP := $(VENV)/bin/mtp
 RECIPE ?= quick
-# `make report` writes here (ignored by git), so a clone's committed results/ stay as they are.
+# `make report` writes here (ignored by git), so a clone's committed results/ stay as they are;
+# the same folder is `mtp ablate`'s default --results-root (mtp_cli/paths.py: RESULTS_ROOT).
 OUT ?= runs/results
+# THREADS=n sets every stage's torch threads; ARGS='...' passes more flags to `mtp ablate`.
+THREADS ?=
+ARGS ?=
+ABLATE_FLAGS = --recipe $(RECIPE) --results-root $(OUT) $(if $(THREADS),--threads $(THREADS)) $(ARGS)
 RESULTS ?= results
 NAME = $(basename $(notdir $(RECIPE)))
 
@@ -33,7 +38,8 @@ check-readme: $(VENV)/.installed
 # The main job: train, export, evaluate and benchmark every variant of $(RECIPE), then render
 # $(OUT)/$(RECIPE)/REPORT.md. Resumable: run it again and only what is missing is done.
 report: $(VENV)/.installed
-	$(MTP) ablate --recipe $(RECIPE) --results-root $(OUT)
+	MTP_RESUME_COMMAND="make report$(if $(filter-out quick,$(RECIPE)), RECIPE=$(RECIPE))$(if $(filter-out runs/results,$(OUT)), OUT=$(OUT))$(if $(THREADS), THREADS=$(THREADS))$(if $(ARGS), ARGS='$(ARGS)')" \
+		$(MTP) ablate $(ABLATE_FLAGS)
 	$(MTP) report $(OUT)/$(NAME)
 
 # Re-render the committed results/$(RECIPE) (trains nothing).
@@ -41,7 +47,7 @@ render: $(VENV)/.installed
 	$(MTP) report $(RESULTS)/$(NAME)
 
 plan: $(VENV)/.installed
-	$(MTP) ablate --recipe $(RECIPE) --results-root $(OUT) --dry-run
+	$(MTP) ablate $(ABLATE_FLAGS) --dry-run
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench_train.py

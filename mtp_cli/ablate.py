@@ -14,12 +14,13 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shlex
 import shutil
 import time
 import tomllib
 import traceback
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from mtp_cli import ablate_source, env, paths, results, ui
@@ -56,10 +57,34 @@ class Ablation:
     summary: Path | None = None
     failures: list[str] = field(default_factory=list)
     extra_stages: list[str] = field(default_factory=list)  # "source" / "baseline" still to do (ablate_source)
+    resume_command: str = ""  # the command that carries on this ablation, printed on Ctrl-C
+
+
+RESUME_ENV = "MTP_RESUME_COMMAND"  # set by `make report`: the command a user typed is the one to repeat
+
+
+def resume_command(recipe_path, only=None, seeds=None, results_root=paths.RESULTS_ROOT, gsm8k_data=None,
+                   track=None) -> str:
+    """The command that resumes this ablation: `make report ...` when that started it, else `mtp ablate`
+    with every flag that locates the same results (recipe, results root, variants, seeds, data)."""
+    if os.environ.get(RESUME_ENV):
+        return os.environ[RESUME_ENV]
+    argv = ["mtp", "ablate", "--recipe", str(recipe_path)]
+    if Path(results_root) != paths.RESULTS_ROOT:
+        argv += ["--results-root", str(results_root)]
+    if only:
+        argv += ["--only", only if isinstance(only, str) else ",".join(only)]
+    if seeds:
+        argv += ["--seeds", ",".join(map(str, seeds))]
+    if gsm8k_data is not None:
+        argv += ["--gsm8k-data", str(gsm8k_data)]
+    if track is not None:
+        argv += ["--track", track]
+    return shlex.join(argv)
 
 
 def plan(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,
-         results_root: str | Path = "results", gsm8k: str | Path | None = None) -> Ablation:
+         results_root: str | Path = paths.RESULTS_ROOT, gsm8k: str | Path | None = None) -> Ablation:
     """The grid, each cell with the stages it still needs; reads the results folder, writes nothing."""
     source = resolve_recipe_path(recipe_path)
     recipe = load_recipe(source)
@@ -111,7 +136,7 @@ def fingerprint(source: Path) -> str:
 
 
 def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,
-                 dry_run: bool = False, force: bool = False, results_root: str | Path = "results",
+                 dry_run: bool = False, force: bool = False, results_root: str | Path = paths.RESULTS_ROOT,
                  show_progress: bool = True, gsm8k_data: str | Path | None = None, launcher: dict | None = None,
                  track: str | None = None, wait: bool = False) -> Ablation:
     """Run (or with dry_run only plan) the grid; returns the plan, with `summary` set after a real run.
@@ -119,6 +144,7 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
     `launcher`: overrides of the recipe's [launcher] section (kind "slurm" submits jobs, see mtp_cli.launch);
     `track`: overrides train.track of every run."""
     ab = plan(recipe_path, only, seeds, results_root, gsm8k_data)
+    ab.resume_command = resume_command(recipe_path, only, seeds, results_root, gsm8k_data, track)
     stale = check_lock(ab, force)
     settings = _launch_settings(ab, launcher, track, wait)
     _check_output_folder(ab.results_dir)
@@ -133,6 +159,7 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
                             f"`mtp ablate --recipe {ab.source} --force` without torchrun)")
         discard(ab.results_dir)
         ab = plan(recipe_path, only, seeds, results_root, gsm8k_data)
+        ab.resume_command = resume_command(recipe_path, only, seeds, results_root, gsm8k_data, track)
         _launch_settings(ab, launcher, track, wait)
     write_lock(ab)
     if settings.kind != "local":
@@ -166,8 +193,8 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
     except KeyboardInterrupt:
         if rank == 0:
             results.write_summary(ab.results_dir)
-            ui.console.print(f"interrupted: run `mtp ablate --recipe {ab.source}` again to resume "
-                             f"(finished stages are kept)")
+            ui.console.print(f"interrupted: run `{ab.resume_command}` again to resume (finished stages are kept)",
+                             markup=False, soft_wrap=True)
         raise
     if rank == 0 and world == 1 and ablate_source.BASELINE in ab.extra_stages:
         ablate_source.run_baseline(ab, show_progress)
@@ -180,38 +207,74 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
 
 class GridView:
     """The Rich progress view across the grid: one row for the whole ablation, one per run (stages
-    done / 4), and a row for the training under way (its steps, read from its metrics.jsonl)."""
+    done / 4), and a row for the training under way (its steps, read from its metrics.jsonl). The whole
+    ablation's time remaining comes from the plan's estimates (`mtp ablate --dry-run`), re-read as
+    stages finish, not from the speed of the stages so far."""
 
     def __init__(self, ab: Ablation, work: list[tuple[Cell, list[str]]], disable: bool):
+        self.ab = ab
         self.progress = ui.progress(disable=disable)
         self.show_nested = not disable  # eval/specbench draw their own bars inside this view
         self.work = {cell.name: stages for cell, stages in work}
+        self.todo = [(cell, stage) for cell, stages in work for stage in stages]
         self.overall = self.progress.add_task(f"ablate {ab.recipe.name}", total=sum(map(len, self.work.values())),
-                                              info="stages")
+                                              info="stages", eta=None)
         n = len(results.STAGES)
         self.completed = {cell.name: n - len(cell.pending) for cell, _ in work}
         self.rows = {cell.name: self.progress.add_task(f"  {cell.name}", total=n, completed=n - len(cell.pending),
                                                        info="waiting" if stages else "done") for cell, stages in work}
         self.train_task = None
+        self.current: tuple[Cell, str, float] | None = None
+        self.estimates: dict[tuple[str, str], float | None] = {}
+        if not disable:
+            self._estimate()
+
+    def _estimate(self) -> None:
+        from mtp_cli.cost import Estimator
+
+        est = Estimator(self.ab.results_dir, self.ab.recipe)
+        self.estimates = {(cell.name, stage): est.stage(cell, stage).seconds for cell, stage in self.todo}
+        self._show_eta()
+
+    def _show_eta(self) -> None:
+        """Stages not started at their estimate, the one under way at what is left of its estimate."""
+        if not self.estimates:
+            return
+        left, unknown = 0.0, False
+        for cell, stage in self.todo:
+            seconds = self.estimates.get((cell.name, stage))
+            if self.current and self.current[:2] == (cell, stage) and seconds is not None:
+                seconds = max(0.0, seconds - (time.perf_counter() - self.current[2]))
+            unknown |= seconds is None
+            left += seconds or 0.0
+        text = str(timedelta(seconds=round(left)))
+        self.progress.update(self.overall, eta=f"≥ {text}" if unknown else text)
 
     def start(self, cell: Cell, stage: str) -> None:
+        self.current = (cell, stage, time.perf_counter())
         self.progress.update(self.rows[cell.name], info=stage)
+        self._show_eta()
 
     def finish(self, cell: Cell, stage: str, ok: bool) -> None:
         stages = self.work[cell.name]
-        skipped = 0 if ok else len(stages) - stages.index(stage) - 1
-        self.progress.update(self.overall, advance=1 + skipped)
+        skipped = stages[stages.index(stage) + 1:] if not ok else []
+        self.todo = [(c, s) for c, s in self.todo if not (c is cell and (s == stage or s in skipped))]
+        self.current = None
+        self.progress.update(self.overall, advance=1 + len(skipped))
         self.progress.update(self.rows[cell.name], advance=1)
         self.completed[cell.name] += 1
         info = "[red]failed[/red]" if not ok else ("done" if self.completed[cell.name] == len(results.STAGES)
                                                    else f"{stage} done")
         self.progress.update(self.rows[cell.name], info=info)
+        if self.estimates:
+            self._estimate()  # a finished stage is a measurement the other cells' estimates borrow
 
     def training(self, cell: Cell, metrics: Path) -> None:
         """Show the steps of a training running in a child process (polled from its metrics)."""
         step, loss = _last_train_step(metrics)
         total = cell.recipe.train.steps
         info = f"loss {loss:.3f}" if loss is not None else ""
+        self._show_eta()
         if self.train_task is None:
             self.train_task = self.progress.add_task(f"  train {cell.name}", total=total, completed=step, info=info)
         else:
@@ -473,7 +536,12 @@ def _log_stage(ab: Ablation, cell: Cell, stage: str, seconds: float) -> None:
         log = json.loads(path.read_text()) if path.is_file() else {}
         log.update({"variant": cell.variant.name, "seed": cell.seed, "recipe": ab.recipe.name,
                     "fingerprint": ab.fingerprint})
-        log.setdefault("stages", {})[stage] = {"seconds": round(seconds, 2), "finished": _now()}
+        entry = {"seconds": round(seconds, 2), "finished": _now()}
+        if stage == "train":  # a resumed training: this process's time and that of the segments before it
+            earlier = (results.RunFolder(cell.run_dir).run.get("segments") or [])[:-1]
+            if earlier:
+                entry.update(seconds=round(seconds + sum(s["seconds"] for s in earlier), 2), segments=len(earlier) + 1)
+        log.setdefault("stages", {})[stage] = entry
         write_json(path, log)
 
 

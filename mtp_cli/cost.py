@@ -3,7 +3,7 @@
 Measured first: a stage that already ran for the same variant (another seed) in this results folder
 costs what it took there; a partly trained run costs its remaining steps at its own median step time.
 Otherwise training is estimated from FLOPs: training FLOPs per token × tokens / (matmul peak measured
-on this machine × a utilisation taken from runs in this folder, else an assumed one). Eval and
+on this machine × an assumed utilisation), or over the FLOP/s that runs in this folder reached. Eval and
 specbench have no FLOP model worth the name (decoding small models is overhead-bound), so without a
 measurement they borrow another variant's time in this folder, or say they are unknown.
 """
@@ -48,14 +48,14 @@ class Estimator:
 
     def __init__(self, results_dir, recipe: Recipe):
         self.stage_times: dict[tuple[str, str], list[float]] = defaultdict(list)  # (variant, stage) -> seconds
-        self.mfus: list[float] = []
+        self.achieved: list[float] = []  # FLOP/s the runs in this folder reached (no peak needed)
         for run in results.run_folders(results_dir):
             for stage, info in (run.log.get("stages") or {}).items():
                 if stage != "train":
                     self.stage_times[(run.variant, stage)].append(float(info["seconds"]))
-            mfu = (run.run.get("throughput") or {}).get("mfu_median")
-            if mfu:
-                self.mfus.append(float(mfu))
+            tokens_per_s = (run.run.get("throughput") or {}).get("tokens_per_s_median")
+            if tokens_per_s and run.run.get("flops_per_token"):
+                self.achieved.append(float(tokens_per_s) * float(run.run["flops_per_token"]))
         self._peak: dict[str, float | None] = {}
 
     def peak(self, recipe: Recipe) -> tuple[float | None, str]:
@@ -87,9 +87,12 @@ class Estimator:
         fpt, forward_fpt, tokens = training_flops(recipe)
         val_tokens = (recipe.train.steps // recipe.train.eval_every + 1) * recipe.train.eval_batches * tokens
         flops = fpt * tokens * remaining + forward_fpt * val_tokens * remaining / max(recipe.train.steps, 1)
+        if self.achieved:
+            rate = statistics.median(self.achieved)
+            return Estimate(flops / rate, f"{flops / 1e12:.3g} TFLOP / {rate / 1e9:.0f} GFLOP/s "
+                                          f"(reached by {len(self.achieved)} run(s) here)")
         peak, device = self.peak(recipe)
-        mfu = statistics.median(self.mfus) if self.mfus else ASSUMED_MFU.get(device, 0.35)
-        how = "measured here" if self.mfus else "assumed"
+        mfu, how = ASSUMED_MFU.get(device, 0.35), "assumed"
         if not peak:
             return Estimate(None, f"{flops / 1e15:.3g} PFLOP; no {device} here to measure its peak")
         return Estimate(flops / (peak * mfu),

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from mtp_cli.env import REPO
 
+# Where `mtp ablate` (and `make report`, its Makefile's OUT) put an ablation: not `results/`, the committed copy.
+RESULTS_ROOT = Path("runs/results")
 GSM8K_ENV = "MTP_GSM8K_DATA"
 GSM8K_BUNDLED = "data/gsm8k"
 HUB = "hub"

@@ -58,9 +58,10 @@ def fmt_estimate(m: Metric, e: Estimate | str | None, signed: bool = False) -> s
 # ---- training evidence -----------------------------------------------------------------------------------
 def training_section(r: ResultSet) -> Section:
     metrics = r.quality_metrics
-    seeds = {v: len(r.rows(v)) for v in r.variants}
-    rows = [[r.variant_label(v), str(seeds[v]), *[fmt_estimate(m, compare.summarize(r.rows(v), m)) for m in metrics]]
-            for v in r.variants]
+    seeds = {v: _evaluated_seeds(r.rows(v), metrics) for v in r.variants}
+    trained = {v: len(r.rows(v)) for v in r.variants}
+    rows = [[r.variant_label(v), str(seeds[v]) if seeds[v] == trained[v] else f"{seeds[v]} of {trained[v]}",
+             *[fmt_estimate(m, compare.summarize(r.rows(v), m)) for m in metrics]] for v in r.variants]
     notes = [_n_note(r), _context_cut_note(r), _interval_note(seeds)]
     if r.before is not None:
         rows.insert(0, [BEFORE, "–", *[fmt_estimate(m, compare.summarize(r.before, m)) for m in metrics]])
@@ -138,6 +139,9 @@ def _n_note(r: ResultSet) -> str:
         vals = sorted({int(v) for v in values(r.frame, col)})
         if vals:
             parts.append(f"{name}: {'/'.join(map(str, vals))}")
+    shots = sorted({int(v) for v in values(r.frame, "gsm8k_fewshot")}) if "gsm8k_fewshot" in r.frame else []
+    if shots:
+        parts.append(f"GSM8K {'/'.join(map(str, shots))}-shot")
     return "n per run — " + "; ".join(parts) if parts else ""
 
 
@@ -156,6 +160,12 @@ def _context_cut_note(r: ResultSet) -> str:
                     text += f" (mean {cut['prompt_cut_tokens_mean']:.1f})"
             parts.append(text + (f", context {cut['context']}" if cut.get("context") else ""))
     return "prompts cut (left) to fit the context — " + "; ".join(dict.fromkeys(parts)) if parts else ""
+
+
+def _evaluated_seeds(rows, metrics) -> int:
+    """Seeds of a variant with at least one quality figure (a partial report has runs not yet evaluated)."""
+    cols = [m.col for m in metrics if m.col in rows]
+    return int(rows[cols].notna().any(axis=1).sum()) if cols else 0
 
 
 def _interval_note(seeds: dict[str, int]) -> str:
@@ -335,7 +345,7 @@ def cost_section(r: ResultSet) -> Section:
     notes = [f"× = ratio to {base}" if base else "no NTP variant to compare against",
              "step time and tokens/s are medians over training steps; FLOPs/token counts training (3× forward; "
              "a frozen trunk, which runs under no-grad, its forward only)",
-             *_flops_recount_notes(r),
+             *_flops_recount_notes(r), *_resumed_notes(r),
              f"peak memory: {', '.join(sorted(kinds)) or 'as recorded'}; each run trains in its own process",
              "compute-matched parallel heads move n−1 layers from the trunk into the heads: same total parameters"]
     table = Table("Training cost against NTP", ["variant", "trunk params", "MTP params", "added vs NTP", "MFLOP/token",
@@ -344,6 +354,22 @@ def cost_section(r: ResultSet) -> Section:
     return Section("Cost", "", [table])
 
 
+
+
+def _resumed_notes(r: ResultSet) -> list[str]:
+    """Runs trained in more than one process (interrupted, then resumed): their cost sums the segments."""
+    notes = []
+    for run in r.runs:
+        segments = max(len(run.run.get("segments") or []), int(run.log.get("stages", {}).get("train", {}).get("segments", 1)))
+        if segments > 1:
+            notes.append(f"{run.path.name}: trained in {segments} segments (interrupted and resumed); its wall time "
+                         "and step-time median cover all of them")
+    invalid = [run.path.name for run in r.runs
+               if isinstance(m := (run.run.get("throughput") or {}).get("mfu_median"), (int, float)) and m > 1]
+    if invalid:
+        notes.append(f"MFU left out for {', '.join(invalid)}: the matmul peak they divided by was measured below "
+                     "the FLOP/s their training reached")
+    return notes
 
 
 def _flops_recount_notes(r: ResultSet) -> list[str]:

@@ -186,6 +186,11 @@ class Column:
     get: Callable[[RunFolder], Any]
 
 
+def _valid_mfu(value):
+    """A stored MFU above 100% (a peak measured on a busy machine, before the peak was re-measured) is no figure."""
+    return value if isinstance(value, (int, float)) and 0 < value <= 1 else None
+
+
 def _get(d: dict, *keys: str) -> Any:
     for key in keys:
         if not isinstance(d, dict):
@@ -225,7 +230,8 @@ COLUMNS: list[Column] = [
     Column("train_tokens_seen", "tokens processed in training", lambda r: _tokens_seen(r.run)),
     Column("step_time_s", "median training step time (s)", lambda r: _get(r.run, "throughput", "step_time_s_median")),
     Column("tokens_per_s", "median training tokens/s", lambda r: _get(r.run, "throughput", "tokens_per_s_median")),
-    Column("mfu", "median model FLOPs utilisation against the measured matmul peak", lambda r: _get(r.run, "throughput", "mfu_median")),
+    Column("mfu", "median model FLOPs utilisation against the measured matmul peak (empty where that peak read "
+                  "below the achieved FLOP/s)", lambda r: _valid_mfu(_get(r.run, "throughput", "mfu_median"))),
     Column("peak_memory_mb", "peak memory during training (CPU: process peak RSS; CUDA: max allocated)", lambda r: _get(r.run, "throughput", "peak_memory_mb")),
     Column("val_loss", "trunk validation cross-entropy at the end of training (nats/token)", lambda r: _get(r.run, "final", "val_loss")),
     Column("val_top1", "trunk validation top-1 accuracy at the end of training", lambda r: _get(r.run, "final", "val_top1")),
@@ -250,6 +256,8 @@ COLUMNS: list[Column] = [
     Column("gsm8k_flexible_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 0)),
     Column("gsm8k_flexible_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 1)),
     Column("gsm8k_n", "GSM8K questions scored", lambda r: r.eval_result("gsm8k").get("n")),
+    Column("gsm8k_fewshot", "GSM8K few-shot examples per prompt (lm-eval's num_fewshot)",
+           lambda r: r.eval_result("gsm8k").get("num_fewshot")),
     Column("gsm8k_gold_bpb", "bits/byte of GSM8K's reference answers given the prompt (trunk)", lambda r: r.eval_result("gsm8k").get("gold_bpb")),
     Column("gsm8k_gold_bpb_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), "gold_bpb", 0)),
     Column("gsm8k_gold_bpb_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), "gold_bpb", 1)),

@@ -14,7 +14,6 @@ import math
 import os
 import shutil
 import signal
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtp_cli import checkpoint as ckpt
-from mtp_cli import env, tracking, ui
+from mtp_cli import env, run_clock, tracking, ui
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
@@ -211,6 +210,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
           show_progress: bool = True) -> dict:
     """Train one run into `out`; returns the run summary (also written to out/run.json). With
     train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`)."""
+    segment_t0 = time.perf_counter()
     recipe.validate()
     t = recipe.train
     if (t.freeze_trunk or recipe.data.source == "self") and not t.init_from:
@@ -229,7 +229,6 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         flag = [do_resume]
         dist.broadcast_object_list(flag, src=0)
         do_resume = flag[0]
-    out.mkdir(parents=True, exist_ok=True)
 
     # Data: rank 0 builds the cache, the others read it.
     if ddp.main:
@@ -248,6 +247,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     elif len(data.tokenizer) > recipe.model.vocab_size:
         raise UserError(f"tokenizer has {len(data.tokenizer)} tokens, more than model.vocab_size {recipe.model.vocab_size}")
 
+    out.mkdir(parents=True, exist_ok=True)  # only once the data is known to be usable: a refusal leaves no folder
     torch.manual_seed(t.seed)
     model = MTPModel(recipe.model, recipe.mtp)
     if source is not None:
@@ -256,9 +256,10 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         model.freeze_trunk()
     model = model.to(device)
     optimizer = _optimizer(model, recipe)
-    start_step = 0
+    start_step, clock_state = 0, None
     if do_resume:
         state = ckpt.load_checkpoint(out)
+        clock_state = state.get(run_clock.CHECKPOINT_KEY)
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -295,19 +296,20 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         "world_size": ddp.world, "device": str(device), "flops_per_token": fpt, "peak_flops": peak,
         "env": env.hardware(), "git_commit": env.git_commit(),
         **({"init_from": source.record()} if source is not None else {}),
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    clock = run_clock.RunClock.resumed(clock_state, start_step, segment_t0)
+    summary.update(clock.summary())
     if ddp.main:
         ckpt.write_json(out / ckpt.RUN_JSON, summary)
 
     tok_fp = toklib.fingerprint(data.tokenizer)
     counts = count_tokens(data.train, recipe.model.vocab_size)  # the drafters' vocabulary (decode/draft_vocab.py)
     save = lambda step: ckpt.save_checkpoint(out, model, optimizer, step, recipe,  # noqa: E731
-                                             {"tokenizer_fingerprint": tok_fp, "token_counts": counts})
+                                             {"tokenizer_fingerprint": tok_fp, "token_counts": counts,
+                                              run_clock.CHECKPOINT_KEY: clock.state()})
     metrics_file = open(out / ckpt.METRICS, "a") if ddp.main else None
     tracker = tracking.open_tracker(recipe, out, start_step if do_resume else None, new_run=not do_resume) \
         if ddp.main else None
-    step_times: list[float] = []
     tokens_per_step = t.batch_size * recipe.model.context
     last_val: dict = {}
     step = start_step
@@ -342,10 +344,10 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
                 step += 1
-                step_times.append(dt)
+                clock.step_done(dt)
                 row = {"kind": "train", "step": step, "lr": lr, "lambda": lam, **losses, "grad_norm": grad_norm,
                        "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-                       "mfu": fpt * tokens_per_step / dt / (peak * ddp.world)}
+                       "mfu": mfu(fpt * tokens_per_step / dt / ddp.world, peak)}
                 rows = [row] if (step % t.log_every == 0 or step == 1 or step == t.steps) else []
                 if step % t.eval_every == 0 or step == t.steps:
                     last_val = _val_row(model, data, recipe, device, step)
@@ -365,10 +367,10 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         if ddp.main and ddp.world == 1 and step > start_step and not stop["hard"]:
             save(step)
             ui.console.print(f"interrupted: checkpoint saved at step {step}; continue with --resume")
-        _mark_stopped(out, summary, "interrupted", step, ddp)
+        _mark_stopped(out, {**summary, **clock.summary()}, "interrupted", step, ddp)
         raise
     except UserError:
-        _mark_stopped(out, summary, "diverged", step, ddp)
+        _mark_stopped(out, {**summary, **clock.summary()}, "diverged", step, ddp)
         raise
     finally:
         if metrics_file:
@@ -376,15 +378,24 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         if tracker:
             tracker.close()
 
-    timed = step_times[1:] or step_times  # the first step pays for warm-up
+    final = last_val or (_val_row(model, data, recipe, device, step) if ddp.main else {})
+    median = clock.median_step_time()
+    achieved = fpt * tokens_per_step / median / ddp.world if median else None
+    peak_note = None
+    if achieved and achieved > peak:  # the peak was measured low (a busy machine): no MFU is better than > 100%
+        peak_note = (f"the matmul peak {peak / 1e9:.0f} GFLOP/s is below the achieved {achieved / 1e9:.0f} GFLOP/s: "
+                     "unreliable, no MFU reported")
+        if not t.peak_flops and ddp.main:  # later runs on this machine divide by at least what this one reached
+            env.raise_matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data), achieved)
     summary.update({
-        "status": "done", "step": step,
+        "status": "done", "step": step, **clock.summary(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "final": last_val or (_val_row(model, data, recipe, device, step) if ddp.main else {}),
+        "final": final, **({"peak_note": peak_note} if peak_note else {}),
         "throughput": {
-            "step_time_s_median": statistics.median(timed) if timed else None,
-            "tokens_per_s_median": tokens_per_step / statistics.median(timed) if timed else None,
-            "mfu_median": fpt * tokens_per_step / statistics.median(timed) / (peak * ddp.world) if timed else None,
+            "step_time_s_median": median,
+            "tokens_per_s_median": tokens_per_step / median if median else None,
+            "flops_per_s_median": achieved,
+            "mfu_median": mfu(achieved, peak) if achieved else None,
             "peak_memory_mb": env.peak_memory_mb(device),
             "peak_memory_kind": peak_memory_kind,
         },
@@ -392,6 +403,11 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     if ddp.main:
         ckpt.write_json(out / ckpt.RUN_JSON, summary)
     return summary
+
+
+def mfu(flops_per_s: float, peak: float | None) -> float | None:
+    """Achieved FLOP/s over the peak; None (not a figure above 100%) when the peak is not above it."""
+    return flops_per_s / peak if peak and flops_per_s <= peak else None
 
 
 def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: Dist) -> None:

@@ -192,9 +192,14 @@ def test_gsm8k_no_truncate_refuses_before_generating(tiny_runs, tmp_path, capsys
     """5-shot GSM8K prompts are far beyond context 64: refused in one line, no file written."""
     code, _out, err = cli_in_process("eval", tiny_runs["ntp"], "--tasks", "heldout,gsm8k", "--limit", "2",
                                      "--gsm8k-data", GSM8K_DATA, "--no-truncate", "--json", tmp_path / "e.json",
-                                     capsys=capsys)
+                                     "--gsm8k-fewshot", "5", capsys=capsys)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "gsm8k (5-shot)" in lines[0] and "--no-truncate" in lines[0], err
+    # without --gsm8k-fewshot the count drops to the largest that fits: none does at context 64, so 0-shot
+    code, _out, err = cli_in_process("eval", tiny_runs["ntp"], "--tasks", "heldout,gsm8k", "--limit", "2",
+                                     "--gsm8k-data", GSM8K_DATA, "--no-truncate", "--json", tmp_path / "e.json",
+                                     capsys=capsys)
+    assert code == 2 and "gsm8k (0-shot)" in err, err
     assert not (tmp_path / "e.json").exists() and not (tmp_path / "e_heldout_windows.jsonl").exists()
     code, _out, err = cli_in_process("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--gsm8k-fewshot", "-1",
                                      "--gsm8k-data", GSM8K_DATA, capsys=capsys)

@@ -121,15 +121,12 @@ def check_fewshot(num_fewshot: int) -> int:
     return num_fewshot
 
 
-def check_context(lm, limit: int | None, data_dir: Path | None, num_fewshot: int = NUM_FEWSHOT,
-                  seed: int = 0) -> None:
-    """With `lm.truncate` off, refuse before any model work if a prompt would need a cut: builds lm-eval's
-    requests for both tasks (as `run` will) and applies the same rules as the model class."""
+def _prompt_cuts(lm, limit: int | None, data_dir: Path | None, num_fewshot: int, seed: int = 0) -> dict:
+    """lm-eval's requests for both tasks (as `run` builds them), measured by the model class's own rules:
+    the prompt lengths and the cut each would need, for the generation and the gold-answer scoring."""
     from mtp_cli.evals import context as ctxlib
     from mtp_cli.evals.lm import DEFAULT_MAX_GEN_TOKS
 
-    if lm.truncate:
-        return
     with tempfile.TemporaryDirectory(prefix="mtp-gsm8k-task-") as tmp:
         manager, name = load_tasks(data_dir, Path(tmp))
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
@@ -143,10 +140,33 @@ def check_context(lm, limit: int | None, data_dir: Path | None, num_fewshot: int
         gold = [lm._encode_pair(*i.args) for i in tasks[GOLD_TASK].instances]
     budget = ctxlib.generation_budget(int(generate[0][1].get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)), lm.max_length)
     lengths = [len(lm.tok_encode(context)) for context, _ in generate]
-    ctxlib.refuse(f"gsm8k ({num_fewshot}-shot)", [ctxlib.generation_cut(n, budget, lm.max_length) for n in lengths],
-                  lengths, lm.max_length, f"+ {budget} new tokens")
-    ctxlib.refuse(f"gsm8k gold ({num_fewshot}-shot)", [ctxlib.scoring_cut(len(c), len(t), lm.max_length) for c, t in gold],
-                  [len(c) for c, _ in gold], lm.max_length, "+ reference answer")
+    return {"budget": budget, "lengths": lengths,
+            "cuts": [ctxlib.generation_cut(n, budget, lm.max_length) for n in lengths],
+            "gold_lengths": [len(c) for c, _ in gold],
+            "gold_cuts": [ctxlib.scoring_cut(len(c), len(t), lm.max_length) for c, t in gold]}
+
+
+def check_context(lm, limit: int | None, data_dir: Path | None, num_fewshot: int = NUM_FEWSHOT,
+                  seed: int = 0) -> None:
+    """With `lm.truncate` off, refuse before any model work if a prompt would need a cut."""
+    from mtp_cli.evals import context as ctxlib
+
+    if lm.truncate:
+        return
+    m = _prompt_cuts(lm, limit, data_dir, num_fewshot, seed)
+    ctxlib.refuse(f"gsm8k ({num_fewshot}-shot)", m["cuts"], m["lengths"], lm.max_length, f"+ {m['budget']} new tokens")
+    ctxlib.refuse(f"gsm8k gold ({num_fewshot}-shot)", m["gold_cuts"], m["gold_lengths"], lm.max_length,
+                  "+ reference answer")
+
+
+def fitting_fewshot(lm, limit: int | None, data_dir: Path | None, most: int, seed: int = 0) -> int:
+    """The largest shot count <= `most` at which no prompt (generation or gold scoring) needs a cut;
+    0 when even the zero-shot prompts do not fit (they are then cut, and counted)."""
+    for k in range(most, 0, -1):
+        m = _prompt_cuts(lm, limit, data_dir, k, seed)
+        if not any(m["cuts"]) and not any(m["gold_cuts"]):
+            return k
+    return 0
 
 
 def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: int = 0,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtp_cli import results
+from mtp_cli import paths, results
 
 LOG_TAIL_LINES = 3
 
@@ -114,7 +114,7 @@ def _failure_tail(run_dir: Path, stage: str, record: dict | None) -> str:
     return "no log"
 
 
-def ablation_status(recipe_path, only=None, seeds=None, results_root="results"):
+def ablation_status(recipe_path, only=None, seeds=None, results_root=paths.RESULTS_ROOT):
     """(the planned ablation, the state of each of its stages) for `mtp ablate --status`."""
     from mtp_cli import ablate
 
