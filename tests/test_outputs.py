@@ -243,3 +243,30 @@ def test_the_grid_eta_comes_from_the_plan(tmp_path):
     view.estimates = {key: 10.0 for key in view.estimates}
     view._show_eta()
     assert view.progress.tasks[0].fields["eta"] == "0:00:40"  # 4 stages × 10 s, none started
+
+
+def test_a_partial_report_counts_the_seeds_evaluated(tmp_path):
+    """One of ntp's two runs has no eval.json yet: the table says "1 of 2", not "2"."""
+    from synthetic_results import make_results
+
+    from mtp_cli import report
+
+    folder = make_results(tmp_path)
+    (folder / "runs" / "ntp-s1" / "eval.json").unlink()
+    text = report.render_report(folder, console=None).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| ntp"))
+    assert row.split("|")[2].strip() == "1 of 2", row
+
+
+def test_the_ablation_log_sums_a_resumed_trainings_segments(tmp_path):
+    from mtp_cli import ablate
+    from mtp_cli.checkpoint import write_json
+
+    recipe = write_recipe(micro_recipe("ntp", steps=2), tmp_path / "micro.toml")
+    ab = ablate.plan(recipe, results_root=tmp_path / "res")
+    cell = ab.cells[0]
+    cell.run_dir.mkdir(parents=True)
+    write_json(cell.run_dir / "run.json", {"segments": [{"seconds": 100.0}, {"seconds": 7.0}]})
+    ablate._log_stage(ab, cell, "train", 8.0)
+    logged = json.loads((cell.run_dir / "ablate.json").read_text())["stages"]["train"]
+    assert logged["seconds"] == 108.0 and logged["segments"] == 2
