@@ -224,6 +224,7 @@ class GridView:
         self.rows = {cell.name: self.progress.add_task(f"  {cell.name}", total=n, completed=n - len(cell.pending),
                                                        info="waiting" if stages else "done") for cell, stages in work}
         self.train_task = None
+        self.train_step = 0
         self.current: tuple[Cell, str, float] | None = None
         self.estimates: dict[tuple[str, str], float | None] = {}
         if not disable:
@@ -277,9 +278,10 @@ class GridView:
         self._show_eta()
         if self.train_task is None:
             self.train_task = self.progress.add_task(f"  train {cell.name}", total=total, completed=step, info=info)
-        else:
+        else:  # a new metrics row (every train.log_every steps) is worth a line in a log file
             self.progress.update(self.train_task, description=f"  train {cell.name}", total=total, completed=step,
-                                 info=info)
+                                 info=info, log=step != self.train_step)
+        self.train_step = step
 
     def training_done(self) -> None:
         if self.train_task is not None:

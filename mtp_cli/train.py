@@ -362,7 +362,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                 if ddp.main and (step % t.ckpt_every == 0 or step == t.steps):
                     save(step)
                 info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
-                bar.update(task, completed=step, info=info + f" {tokens_per_step / dt:,.0f} tok/s")
+                bar.update(task, completed=step, info=info + f" {tokens_per_step / dt:,.0f} tok/s",
+                           log=step % t.log_every == 0)
     except KeyboardInterrupt:
         if ddp.main and ddp.world == 1 and step > start_step and not stop["hard"]:
             save(step)

@@ -153,8 +153,11 @@ def cli(tmp_path_factory, base_run):
     return {"results": results, "snapshots": snapshots, "folders": folders}
 
 
+STATUS = "data: "  # what data preparation says it is doing before the work (not part of any error)
+
+
 def error_lines(text: str) -> list[str]:
-    return [ANSI.sub("", line) for line in text.splitlines() if line.strip()]
+    return [ANSI.sub("", line) for line in text.splitlines() if line.strip() and not line.startswith(STATUS)]
 
 
 def check_one_line_error(code, stderr: str, pattern: str) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from mtp_cli import ui
 from mtp_cli.config import DataConfig
 from mtp_cli.data import sources, tokenizer as toklib
 from mtp_cli.errors import UserError
@@ -71,6 +72,7 @@ def get_tokenizer(cfg: DataConfig, vocab_size: int, docs: list[str], corpus_key:
     tok_dir = cache_root(cfg) / "tokenizers" / f"bpe-{vocab_size}-{corpus_key}"
     if (tok_dir / "tokenizer.json").is_file():
         return toklib.load(tok_dir)
+    ui.console.print(f"data: training a {vocab_size:,}-token byte-level BPE on {len(docs):,} documents", markup=False)
     tok = toklib.train_bpe(docs, vocab_size)
     tmp = tok_dir.with_name(tok_dir.name + f".tmp{os.getpid()}")
     tok.save_pretrained(tmp)
@@ -91,6 +93,7 @@ def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> 
     meta_path = shard_dir / "meta.json"
     dtype = np.uint16 if len(tok) <= 65536 else np.uint32
     if not meta_path.is_file():
+        ui.console.print(f"data: tokenizing {len(docs):,} documents into token shards", markup=False)
         shard_dir.mkdir(parents=True, exist_ok=True)
         train_docs = [d for d in docs if not _is_val(d, cfg.val_fraction)]
         val_docs = [d for d in docs if _is_val(d, cfg.val_fraction)]
