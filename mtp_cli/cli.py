@@ -50,8 +50,9 @@ def train(
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint, with its own recipe."),
     force: bool = typer.Option(False, help="Overwrite the run in --out."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's, one per core)."),
-    init_from: Optional[str] = typer.Option(None, help="Start the trunk from this Hugging Face checkpoint (a folder or "
-                                            "a Hub id; Llama or Qwen2): its architecture and tokenizer."),
+    init_from: Optional[str] = typer.Option(None, help="Start the trunk from this Hugging Face checkpoint (a folder, "
+                                            "a Hub id, a .gguf file or smollm2-135m-instruct; Llama or Qwen2): its "
+                                            "architecture and tokenizer."),
     freeze_trunk: Optional[bool] = typer.Option(None, "--freeze-trunk/--no-freeze-trunk",
                                                 help="Train only the MTP modules (with --init-from)."),
     track: Optional[str] = typer.Option(None, help="Also log to tensorboard | wandb | none (recipe: train.track)."),
@@ -140,8 +141,9 @@ def eval_(
     gsm8k_fewshot: Optional[int] = typer.Option(None, help="GSM8K few-shot examples (lm-eval's num_fewshot) [default: "
                                                 "the recipe's eval.gsm8k_fewshot, fewer where its prompts would not "
                                                 "fit the trained context]."),
-    hf: Optional[str] = typer.Option(None, "--hf", help="Evaluate a Hugging Face checkpoint (folder or Hub id) instead "
-                                     "of a run: the 'before' row of continued pretraining."),
+    hf: Optional[str] = typer.Option(None, "--hf", help="Evaluate a Hugging Face checkpoint (folder, Hub id, .gguf file "
+                                     "or smollm2-135m-instruct) instead of a run: the 'before' row of continued "
+                                     "pretraining."),
     recipe: Optional[str] = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
                                          "(default: quick)."),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),

@@ -201,7 +201,7 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
     peak_flops: float = 0.0  # FLOP/s used for MFU; 0 = measure the fp32/bf16 matmul peak once
-    init_from: str = ""  # a Hugging Face checkpoint (folder or Hub id) the trunk starts from; "" = random init
+    init_from: str = ""  # a checkpoint the trunk starts from: folder, Hub id, .gguf file or short name; "" = random init
     freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
     track: str = "none"  # none | tensorboard | wandb: also log the metrics there (rank 0)
 

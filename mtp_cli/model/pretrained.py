@@ -1,10 +1,12 @@
 """Start from a pretrained Hugging Face checkpoint: find it, check it is one we can run exactly, read it.
 
 A source is a local folder holding `config.json` + safetensors weights (an `mtp export`, a
-`save_pretrained` folder) or a Hub id, fetched through `huggingface_hub` (its local cache is
-honoured; `HF_HUB_OFFLINE=1` reads only the cache). Accepted: `LlamaForCausalLM` (Llama 3.x,
-SmolLM2, TinyLlama) and `Qwen2ForCausalLM` (q/k/v biases), tied or untied, GQA, RoPE of type
-default, linear or llama3. Everything else is refused in one line naming what is unsupported.
+`save_pretrained` folder), a Hub id, fetched through `huggingface_hub` (its local cache is
+honoured; `HF_HUB_OFFLINE=1` reads only the cache), or a `.gguf` file or short name such as
+`smollm2-135m-instruct` (`model/gguf.py`: dequantized once into a cached plain folder, then read
+like any other). Accepted: `LlamaForCausalLM` (Llama 3.x, SmolLM2, TinyLlama) and
+`Qwen2ForCausalLM` (q/k/v biases), tied or untied, GQA, RoPE of type default, linear or llama3.
+Everything else is refused in one line naming what is unsupported.
 
 `resolve_recipe` makes a recipe's `[model]` the checkpoint's (a given value that contradicts it is
 an error, except a shorter training context); `init_model` loads the trunk into an `MTPModel` and
@@ -26,6 +28,7 @@ from safetensors.torch import load_file
 
 from mtp_cli.config import ModelConfig, Recipe
 from mtp_cli.errors import UserError
+from mtp_cli.model import gguf
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 # The [model] settings a checkpoint decides; `context` may be shortened, the init_* keys are ours.
@@ -44,13 +47,15 @@ class Source:
     def record(self) -> dict:
         """What run.json keeps: the source as given, where it was read, and the hash of its weights."""
         return {"source": self.name, "path": str(self.path), "architecture": self.architecture,
-                "weights_sha256": weights_hash(self.path)}
+                "weights_sha256": weights_hash(self.path), **gguf.record(self.path)}
 
 
 def locate(source: str | Path, flag: str = "--init-from") -> Path:
-    """The local folder of a source: the folder itself, or the Hub snapshot (downloaded or cached).
-    `flag` names the option the source came from in error messages."""
+    """The local folder of a source: the folder itself, the Hub snapshot (downloaded or cached), or a GGUF
+    file's dequantized folder. `flag` names the option the source came from in error messages."""
     name = str(source)
+    if gguf.is_gguf(name):
+        return gguf.locate(name, flag)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -223,7 +228,8 @@ def resolve_recipe(recipe: Recipe, given: set[str] | None = None) -> Source:
     recipe.model = resolved
     if recipe.data.tokenizer not in ("bpe", src.name, str(src.path)):
         raise UserError(f"data.tokenizer = {recipe.data.tokenizer!r}: with --init-from the tokenizer is the checkpoint's")
-    recipe.data.tokenizer = str(src.path) if Path(src.name).expanduser().is_dir() else src.name
+    local = Path(src.name).expanduser().is_dir() or gguf.is_gguf(src.name)  # a Hub id stays a name
+    recipe.data.tokenizer = str(src.path) if local else src.name
     return src
 
 
