@@ -42,7 +42,8 @@ def train(
     steps: Optional[int] = typer.Option(None, help="Optimizer steps."),
     batch_size: Optional[int] = typer.Option(None, help="Global batch size in sequences."),
     lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
-    seed: Optional[int] = typer.Option(None, help="Random seed (init and batch order)."),
+    seed: Optional[int] = typer.Option(None, help="Initialisation seed (and the batch order, unless --data-seed)."),
+    data_seed: Optional[int] = typer.Option(None, help="Batch-order seed (default: --seed)."),
     data: Optional[list[str]] = typer.Option(None, help="Train on these files/folders instead of the recipe's corpus."),
     device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
@@ -83,8 +84,8 @@ def train(
     objective = objective_from_flags(r.mtp.objective, objective, depth, heads, lam)
     r.override("mtp", objective=objective, depth=depth, heads=heads, lambda_=lam, lambda_final=lambda_final,
                lambda_switch=lambda_switch, mtp_input=mtp_input)
-    r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device, compile=compile,
-               freeze_trunk=freeze_trunk, track=track)
+    r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, data_seed=data_seed, device=device,
+               compile=compile, freeze_trunk=freeze_trunk, track=track)
     if data:
         r.override("data", source="files", paths=list(data))
     r.validate()

@@ -193,7 +193,8 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
-    seed: int = 0
+    seed: int = 0  # the initialisation (torch.manual_seed before the model is built)
+    data_seed: int | None = None  # the order of training batches; None = `seed` (runs before it existed)
     log_every: int = 1
     eval_every: int = 50
     eval_batches: int = 8
@@ -205,7 +206,14 @@ class TrainConfig:
     freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
     track: str = "none"  # none | tensorboard | wandb: also log the metrics there (rank 0)
 
+    @property
+    def order_seed(self) -> int:
+        """The seed the batches are drawn from: `data_seed`, or `seed` when it is not set."""
+        return self.seed if self.data_seed is None else self.data_seed
+
     def validate(self) -> None:
+        if self.data_seed is not None and self.data_seed < 0:
+            raise UserError(f"train.data_seed must be >= 0, got {self.data_seed}")
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -349,10 +357,19 @@ def time_minutes(text: str) -> int:
 @dataclass
 class Variant:
     """One column of an ablation: a name plus overrides of the recipe's sections, e.g.
-    `{name = "seq-d1", mtp = {objective = "sequential", depth = 1, lambda = 0.3}}`."""
+    `{name = "seq-d1", mtp = {objective = "sequential", depth = 1, lambda = 0.3}}`.
+
+    At grid seed s a run initialises from seed s + `init_seed_offset` and draws its batches from data
+    seed s + `data_seed_offset` (or the recipe's train.data_seed + the offset). Both 0 (the default):
+    the grid seed sets both, so every variant at seed s shares initialisation and data order with NTP
+    at seed s. A noise-floor cell is NTP with `init_seed_offset` > 0 (another initialisation, the same
+    data order) or `data_seed_offset` > 0 (the same initialisation, another data order), paired with
+    NTP at the same grid seed like any variant."""
 
     name: str = ""
     description: str = ""
+    init_seed_offset: int = 0
+    data_seed_offset: int = 0
     model: dict[str, Any] = field(default_factory=dict)
     mtp: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
@@ -410,6 +427,12 @@ class Recipe:
             if v.name in seen:
                 raise UserError(f"variant name {v.name!r} is used twice")
             seen.add(v.name)
+            for key in ("init_seed_offset", "data_seed_offset"):
+                if getattr(v, key) < 0:
+                    raise UserError(f"variant {v.name!r}: {key} must be >= 0, got {getattr(v, key)}")
+            if "seed" in v.train or "data_seed" in v.train:
+                raise UserError(f"variant {v.name!r}: the grid sets train.seed and train.data_seed; "
+                                "use init_seed_offset / data_seed_offset")
             run = self.for_run(v, self.seeds[0], validate=False)
             run.model.validate()
             run.mtp.validate()
@@ -421,14 +444,19 @@ class Recipe:
         return self.variants or [Variant(name=self.mtp.objective)]
 
     def for_run(self, variant: Variant, seed: int, validate: bool = True) -> Recipe:
-        """The plain single-run recipe of one grid cell: the variant's overrides applied, the seed set."""
+        """The plain single-run recipe of one grid cell: the variant's overrides applied, the seeds set
+        (init: seed + init_seed_offset; data order: data seed + data_seed_offset, the data seed being
+        the recipe's train.data_seed or else the grid seed; both left as they were without offsets)."""
         base = self.to_dict()
         sections = {}
         for section in VARIANT_SECTIONS:
             cls = type(getattr(self, section))
             merged = {**base[section], **getattr(variant, section)}
             sections[section] = from_dict(cls, merged, f"variant {variant.name!r}: {section}")
-        sections["train"].seed = seed
+        train = sections["train"]
+        if variant.init_seed_offset or variant.data_seed_offset:
+            train.data_seed = (seed if train.data_seed is None else train.data_seed) + variant.data_seed_offset
+        train.seed = seed + variant.init_seed_offset
         run = dataclasses.replace(self, **sections, seeds=[seed], variants=[],
                                   description=variant.description or self.description)
         return run.validate() if validate else run

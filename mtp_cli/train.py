@@ -2,8 +2,9 @@
 
 AdamW with warmup + cosine/WSD, gradient clipping and accumulation, fp32 on CPU and bf16 autocast
 on CUDA, optional torch.compile, DistributedDataParallel under torchrun (gloo on CPU, NCCL on CUDA).
-Batches depend only on (seed, step), so a resumed run ends with the same weights as an uninterrupted
-one and N processes see the same global batch as one.
+Batches depend only on (data seed, step), so a resumed run ends with the same weights as an
+uninterrupted one and N processes see the same global batch as one. train.seed sets the initialisation,
+train.data_seed the batch order (unset: train.seed, as before the two were apart).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def default_run_name(recipe: Recipe) -> str:
     elif m.objective == "parallel":
         parts += [f"n{m.heads}", f"lam{m.weight:g}"]
     parts.append(f"s{recipe.train.seed}")
+    if recipe.train.order_seed != recipe.train.seed:
+        parts.append(f"data{recipe.train.order_seed}")
     return "-".join(parts)
 
 
@@ -128,7 +131,7 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
     if recipe.data.tokenizer != "bpe" and isinstance(stored.get("model"), dict):
         # the vocabulary comes from the tokenizer (the stored recipe has it), not from the recipe
         stored = {**stored, "model": {**stored["model"], "vocab_size": mine["model"]["vocab_size"]}}
-    strip = lambda t: {k: v for k, v in t.items() if k not in RESUMABLE_TRAIN_KEYS}  # noqa: E731
+    strip = lambda t: {k: v for k, v in _effective_data_seed(t).items() if k not in RESUMABLE_TRAIN_KEYS}  # noqa: E731
     for section in ("model", "mtp", "data", "train"):
         was, now = stored.get(section) or {}, mine[section]
         if section == "train":
@@ -137,6 +140,12 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
             raise UserError(f"output folder {out} holds a different run ({_setting_diff(section, was, now)}); "
                             f"to continue it, give only the flags it was trained with (or none), or use another --out")
     return (out / ckpt.CHECKPOINT).is_file()
+
+
+def _effective_data_seed(train: dict) -> dict:
+    """train.* with data_seed spelled out (unset = the seed), so `--data-seed S` with S = the seed
+    resumes a run stored without one: both draw the same batches."""
+    return {**train, "data_seed": train.get("seed") if train.get("data_seed") is None else train.get("data_seed")}
 
 
 def _setting_diff(section: str, was: dict, now: dict) -> str:
@@ -328,7 +337,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 lam = recipe.mtp.weight_at(step, t.steps)
-                x, y = shards.train_batch(data.train, step, t.seed, t.batch_size, recipe.model.context, ddp.rank, ddp.world)
+                x, y = shards.train_batch(data.train, step, t.order_seed, t.batch_size, recipe.model.context, ddp.rank, ddp.world)
                 x, y = x.to(device), y.to(device)
                 losses = _accumulate(forward_model, model, x, y, lam, t.grad_accum, mem_efficient, ddp, autocast)
                 if not all(math.isfinite(v) for v in losses.values()):

@@ -197,6 +197,10 @@ BAD_RECIPES = {
     "duplicate variant name": ('[[variants]]\nname = "a"\n\n[[variants]]\nname = "a"\n', "variant name 'a' is used twice"),
     "variant without a name": ('[[variants]]\nmtp = { heads = 2 }\n', "every variant needs a name"),
     "unknown eval task": ("", "unknown eval task 'mmlu'"),
+    "variant that sets its own seed": ('[[variants]]\nname = "a"\ntrain = { seed = 3 }\n',
+                                       "variant 'a': the grid sets train.seed and train.data_seed"),
+    "negative seed offset": ('[[variants]]\nname = "a"\ninit_seed_offset = -1\n',
+                             "variant 'a': init_seed_offset must be >= 0"),
 }
 
 
@@ -212,6 +216,27 @@ def test_bad_recipe_is_one_line_exit_2(case, tmp_path, capsys):
     assert code == 2, (out, err)
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "res").exists()
+
+
+def test_noise_floor_cells_pair_on_the_grid_seed(tmp_path):
+    """init_seed_offset moves the initialisation only, data_seed_offset the data order only; plain variants
+    keep data_seed unset (= the seed), so their run recipes are what they were before the two were apart."""
+    variants = ('[[variants]]\nname = "ntp"\n\n[[variants]]\nname = "ntp-init"\ninit_seed_offset = 1000\n\n'
+                '[[variants]]\nname = "ntp-data"\ndata_seed_offset = 7\n')
+    recipe = tmp_path / "floor.toml"
+    recipe.write_text(ablation_toml("floor", seeds=(0, 1), variants=variants))
+    ab = ablate.plan(recipe, results_root=tmp_path / "res")
+    seeds = {(c.variant.name, c.seed): (c.recipe.train.seed, c.recipe.train.data_seed, c.recipe.train.order_seed)
+             for c in ab.cells}
+    assert seeds == {("ntp", 0): (0, None, 0), ("ntp", 1): (1, None, 1),
+                     ("ntp-init", 0): (1000, 0, 0), ("ntp-init", 1): (1001, 1, 1),
+                     ("ntp-data", 0): (0, 7, 7), ("ntp-data", 1): (1, 8, 8)}
+    assert {c.run_dir.name for c in ab.cells} >= {"ntp-init-s0", "ntp-data-s1"}  # folders named by the grid seed
+    recipe.write_text(ablation_toml("floor", seeds=(0, 1), variants=variants, extra="").replace(
+        "[train]\n", "[train]\ndata_seed = 5\n"))
+    fixed = {(c.variant.name, c.seed): c.recipe.train.order_seed for c in ablate.plan(recipe, results_root=tmp_path / "r2").cells}
+    assert fixed == {("ntp", 0): 5, ("ntp", 1): 5, ("ntp-init", 0): 5, ("ntp-init", 1): 5,
+                     ("ntp-data", 0): 12, ("ntp-data", 1): 12}
 
 
 def test_missing_gsm8k_data_stops_the_ablation_before_any_training(tmp_path, capsys):

@@ -235,6 +235,36 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path):
     assert [r["step"] for r in metrics(tmp_path / "r")[0]] == [1, 2, 3]
 
 
+def test_data_seed_sets_the_batch_order_and_seed_the_initialisation(tmp_path, monkeypatch):
+    from mtp_cli.data import shards
+
+    drawn, real = [], shards.train_batch
+    monkeypatch.setattr(shards, "train_batch", lambda tokens, step, seed, *a, **k: drawn.append(seed) or
+                        real(tokens, step, seed, *a, **k))
+    recipe = micro_recipe("ntp", steps=2)
+    recipe.train.seed = 3
+    run(recipe, tmp_path / "default")
+    assert drawn == [3, 3]  # unset: the seed, as before the two were apart
+    recipe.train.data_seed, drawn[:] = 7, []
+    run(recipe, tmp_path / "apart")
+    assert drawn == [7, 7]
+    assert max_state_diff(checkpoint_weights(tmp_path / "default"), checkpoint_weights(tmp_path / "apart")) > 0
+    assert trainer.default_run_name(recipe).endswith("-s3-data7")
+
+
+def test_resume_accepts_the_data_seed_spelled_out_and_refuses_another(tmp_path):
+    """A run stored without data_seed drew its batches from its seed: resuming with --data-seed = the seed is
+    the same run; another data seed is a different run, named."""
+    run(micro_recipe("ntp", steps=1), tmp_path / "r")
+    same = micro_recipe("ntp", steps=2)
+    same.train.data_seed = 0
+    assert run(same, tmp_path / "r", resume=True)["step"] == 2
+    other = micro_recipe("ntp", steps=3)
+    other.train.data_seed = 1
+    with pytest.raises(UserError, match=r"train.data_seed 0 -> 1"):
+        run(other, tmp_path / "r", resume=True)
+
+
 def test_resume_with_a_pretrained_tokenizer(tmp_path, two_seeded_runs):
     """With a tokenizer given by path the model's vocabulary comes from the tokenizer, not the
     recipe; resuming the same recipe must still be recognised as the same run."""
