@@ -1,12 +1,14 @@
-"""The comparisons the report and the plots draw: a variant's value, its difference to NTP and the
-noise floor (the same difference between two NTP seeds), and speculative acceptance, each with the
-interval that fits the data stored (see `stats`):
+"""The comparisons the report and the plots draw: a variant's value, its difference to NTP, the noise
+floors, and speculative acceptance, each with the interval that fits the data stored:
 
 - per-item metrics (held-out windows, HumanEval / GSM8K gold bits/byte) when every run stored its
-  items: a hierarchical bootstrap over seeds, then items (paired per item, and per seed when both
-  variants ran the same seeds);
-- otherwise (pass rates, older results): over seeds, a paired t over common seeds or Welch t; with
-  one seed, the per-run intervals combined as √(h₁² + h₂²) (Wilson for pass rates), and said so.
+  items: `seed_stats.seed_difference`, a t over the per-seed paired Δs with the item variance that the
+  seeds share added; beside it the within-seed interval over items (evaluation-set noise only);
+- otherwise (pass rates, older results): a paired t over the per-seed Δs of the runs' aggregates, or
+  Welch's t when no seed is common; with one seed no interval over seeds, and the two runs' own
+  intervals combined, √(h₁² + h₂²), as the evaluation-set interval.
+
+Which runs each Δ-table row compares, and what it varies, is `comparisons`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 
 import pandas as pd
 
-from mtp_cli import results, stats
+from mtp_cli import results, seed_stats, stats
 from mtp_cli.resultset import Metric, ResultSet, values
 from mtp_cli.stats import Estimate
 
@@ -23,53 +25,81 @@ NEEDS_TWO_NTP_SEEDS = "needs ≥ 2 NTP seeds"
 
 
 def summarize(rows: pd.DataFrame, m: Metric) -> Estimate | None:
-    """A variant's value: the mean over seeds with a t-interval, or the single run's own interval."""
-    vals = values(rows, m.col)
+    """A variant's value: the mean over seeds with a t-interval and each seed's value, or the single
+    run's own interval."""
+    by_seed = _by_seed(rows, m.col)
+    vals = [by_seed[s] for s in sorted(by_seed)] if by_seed else values(rows, m.col)
     if not vals:
         return None
+    zero = all(v == 0 for v in vals)
     if len(vals) >= 2:
         mean, lo, hi = stats.t_interval(vals)
         if m.pct:  # a rate's interval stays within [0, 1]
             lo, hi = max(lo, 0.0), min(hi, 1.0)
-        return Estimate(mean, lo, hi, "t over seeds", n_seeds=(len(vals),))
+        return Estimate(mean, lo, hi, "t over seeds", n_seeds=(len(vals),), per_seed=tuple(vals), all_zero=zero)
     lo, hi = (values(rows, f"{m.col}_lo"), values(rows, f"{m.col}_hi")) if m.ci else ([], [])
-    return Estimate(vals[0], lo[0] if lo else None, hi[0] if hi else None, "the run's own interval", n_seeds=(1,))
+    return Estimate(vals[0], lo[0] if lo else None, hi[0] if hi else None, "the run's own interval", n_seeds=(1,),
+                    per_seed=(vals[0],), all_zero=zero)
 
 
 def seed_difference(rows: pd.DataFrame, base: pd.DataFrame, m: Metric) -> Estimate | None:
-    """variant − baseline from per-run values only (no items): paired t over common seeds, Welch t,
-    or with one seed the two runs' own intervals combined."""
+    """variant − baseline from per-run values only (no items): a paired t over the common seeds'
+    Δs, else Welch's t; the evaluation-set interval from the runs' own intervals where they are stored."""
     v, b = _by_seed(rows, m.col), _by_seed(base, m.col)
     if not v or not b:
         return None
     seeds = (len(v), len(b))
     common = sorted(set(v) & set(b))
-    if len(common) >= 2:
-        mean, lo, hi = stats.t_interval([v[s] - b[s] for s in common])
-        return Estimate(mean, lo, hi, f"paired t over {len(common)} seeds", n_seeds=seeds)
-    if len(v) >= 2 and len(b) >= 2:
-        from scipy.stats import t
+    zero = all(x == 0 for x in [*v.values(), *b.values()])
+    if common:
+        per_seed = tuple(v[s] - b[s] for s in common)
+        mean = sum(per_seed) / len(per_seed)
+        items = _combined_run_intervals(rows, base, m, common, common)
+        # the item term: the runs' own intervals taken as independent (an upper bound of the shared part)
+        item_var = ((items[1] - items[0]) / 2 / stats.Z95) ** 2 if items[0] is not None else 0.0
+        lo, hi, mdd = seed_stats.t_over_seeds(per_seed, item_var)
+        method = (f"paired t over {len(common)} seeds, the runs' own intervals as the item variance" if len(common) > 1
+                  else "one seed: no interval over seeds")
+        return Estimate(mean, lo, hi, method, n_seeds=seeds, per_seed=per_seed, items_lo=items[0], items_hi=items[1],
+                        detectable=mdd, all_zero=zero)
+    va, vb = list(v.values()), list(b.values())
+    mean = sum(va) / len(va) - sum(vb) / len(vb)
+    items = _combined_run_intervals(rows, base, m, sorted(v), sorted(b))
+    if len(va) < 2 or len(vb) < 2:
+        return Estimate(mean, None, None, "unpaired seeds, fewer than 2 a side: no interval over seeds", n_seeds=seeds,
+                        items_lo=items[0], items_hi=items[1], all_zero=zero)
+    from scipy.stats import t
 
-        va, vb = list(v.values()), list(b.values())
-        ma, mb = sum(va) / len(va), sum(vb) / len(vb)
-        sa = sum((x - ma) ** 2 for x in va) / (len(va) - 1) / len(va)
-        sb = sum((x - mb) ** 2 for x in vb) / (len(vb) - 1) / len(vb)
-        se = math.sqrt(sa + sb)
-        df = (sa + sb) ** 2 / ((sa**2 / (len(va) - 1) + sb**2 / (len(vb) - 1)) or 1e-300)
-        half = float(t.ppf(0.975, df)) * se
-        return Estimate(ma - mb, ma - mb - half, ma - mb + half, "Welch t over seeds", n_seeds=seeds)
-    sv = common[0] if common else next(iter(v))
-    sb_ = common[0] if common else next(iter(b))
-    delta = v[sv] - b[sb_]
+    sa = sum((x - sum(va) / len(va)) ** 2 for x in va) / (len(va) - 1) / len(va)
+    sb = sum((x - sum(vb) / len(vb)) ** 2 for x in vb) / (len(vb) - 1) / len(vb)
+    se = math.sqrt(sa + sb)
+    df = (sa + sb) ** 2 / ((sa**2 / (len(va) - 1) + sb**2 / (len(vb) - 1)) or 1e-300)
+    q = float(t.ppf(0.975, df))
+    return Estimate(mean, mean - q * se, mean + q * se, "Welch t over seeds", n_seeds=seeds,
+                    items_lo=items[0], items_hi=items[1], detectable=(q + float(t.ppf(0.8, df))) * se, all_zero=zero)
+
+
+def _combined_run_intervals(rows: pd.DataFrame, base: pd.DataFrame, m: Metric, v_seeds: list[int],
+                            b_seeds: list[int]) -> tuple[float | None, float | None]:
+    """The evaluation-set interval of mean(variant) − mean(base) from the runs' own intervals, taken as
+    independent (their items are not paired here): half = √(Σ h²_v / n_v² + Σ h²_b / n_b²)."""
+    if not m.ci:
+        return None, None
     halves = []
-    for frame, seed in ((rows, sv), (base, sb_)):
-        row = frame[frame["seed"] == seed]
-        lo, hi = values(row, f"{m.col}_lo"), values(row, f"{m.col}_hi")
-        if not (m.ci and lo and hi):
-            return Estimate(delta, None, None, "one seed, no per-run interval", n_seeds=seeds)
-        halves.append((hi[0] - lo[0]) / 2)
-    half = math.sqrt(sum(h * h for h in halves))
-    return Estimate(delta, delta - half, delta + half, "one seed: per-run intervals combined", n_seeds=seeds)
+    for frame, seeds in ((rows, v_seeds), (base, b_seeds)):
+        side = []
+        for seed in seeds:
+            row = frame[frame["seed"] == seed]
+            lo, hi = values(row, f"{m.col}_lo"), values(row, f"{m.col}_hi")
+            if not (lo and hi):
+                return None, None
+            side.append((hi[0] - lo[0]) / 2)
+        halves.append(sum(h * h for h in side) / len(side) ** 2)
+    v = _by_seed(rows, m.col)
+    bv = _by_seed(base, m.col)
+    delta = sum(v[s] for s in v_seeds) / len(v_seeds) - sum(bv[s] for s in b_seeds) / len(b_seeds)
+    half = math.sqrt(sum(halves))
+    return delta - half, delta + half
 
 
 def _by_seed(rows: pd.DataFrame, col: str) -> dict[int, float]:
@@ -79,21 +109,22 @@ def _by_seed(rows: pd.DataFrame, col: str) -> dict[int, float]:
 
 
 def difference(r: ResultSet, variant: str, m: Metric, base: str | None = None) -> Estimate | None:
-    """variant − NTP (or `base`) for one metric, per item and over seeds where the items are stored."""
+    """variant − NTP (or `base`) for one metric: per item and over seeds where the items are stored."""
     base = base or r.baseline
     if base is None:
         return None
     v_items, b_items = r.item_runs(variant, m), r.item_runs(base, m)
     if v_items and b_items:
-        estimate = stats.hierarchical_difference(v_items, b_items)
+        estimate = seed_stats.seed_difference(v_items, b_items)
         if estimate is not None:
             return estimate
     return seed_difference(r.rows(variant), r.rows(base), m)
 
 
 def noise_floor(r: ResultSet, m: Metric) -> Estimate | str | None:
-    """The same Δ between NTP's first two seeds (seed b − seed a): what a difference of nothing looks
-    like. A reason string when there are fewer than two NTP seeds; None when the metric is absent."""
+    """The same Δ between NTP's first two seeds (seed b − seed a), which differ in initialisation and
+    data order: one pair, so no interval over seeds, and the evaluation-set interval beside it. A reason
+    string when there are fewer than two NTP seeds; None when the metric is absent."""
     base = r.baseline
     if base is None:
         return None
@@ -104,11 +135,17 @@ def noise_floor(r: ResultSet, m: Metric) -> Estimate | str | None:
     if m.items is not None:
         a, b = r.items(runs[seed_a], *m.items), r.items(runs[seed_b], *m.items)
         if a is not None and b is not None:
-            estimate = stats.paired_bootstrap(b, a)
+            estimate = seed_stats.seed_difference({0: b}, {0: a})
             if estimate is not None:
-                return estimate
+                return _one_pair(estimate)
     rows = r.rows(base)
-    return seed_difference(rows[rows["seed"] == seed_b], rows[rows["seed"] == seed_a].assign(seed=seed_b), m)
+    estimate = seed_difference(rows[rows["seed"] == seed_b], rows[rows["seed"] == seed_a].assign(seed=seed_b), m)
+    return _one_pair(estimate) if estimate is not None else None
+
+
+def _one_pair(e: Estimate) -> Estimate:
+    return Estimate(e.value, None, None, "one pair of seeds: no interval over seeds", e.n_items, e.n_seeds,
+                    items_lo=e.items_lo, items_hi=e.items_hi, all_zero=e.all_zero)
 
 
 def noise_floor_seeds(r: ResultSet) -> tuple[int, int] | None:
@@ -117,9 +154,10 @@ def noise_floor_seeds(r: ResultSet) -> tuple[int, int] | None:
 
 
 def acceptance(r: ResultSet, variant: str, condition: str | None, batch_size: int) -> tuple[Estimate | None, Estimate | None]:
-    """(over prompts, over seeds and prompts) for MTP acceptance = accepted / drafted: per-prompt counts
-    resampled (shared prompts across seeds); with one seed, the stored per-prompt interval if there are
-    no per-prompt counts. The second is None with fewer than two seeds."""
+    """(within seeds: over prompts only, over seeds) for MTP acceptance = accepted / drafted: per-prompt
+    counts resampled with the seeds held fixed (evaluation-set noise only), and the t over the seeds'
+    rates with their shared prompt variance added; with one seed and no per-prompt counts, the stored
+    per-prompt interval. The second is None with fewer than two seeds."""
     accepted, drafted = {}, {}
     runs = r.seeds(variant)
     for seed, run in runs.items():
@@ -134,5 +172,5 @@ def acceptance(r: ResultSet, variant: str, condition: str | None, batch_size: in
     if not accepted or len(accepted) != len(runs):
         return None, None
     over_prompts = stats.hierarchical_ratio(accepted, drafted, resample_seeds=False)
-    over_seeds = stats.hierarchical_ratio(accepted, drafted) if len(accepted) >= 2 else None
+    over_seeds = seed_stats.seed_ratio(accepted, drafted) if len(accepted) >= 2 else None
     return over_prompts, over_seeds

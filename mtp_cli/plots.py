@@ -1,12 +1,15 @@
 """The report's PNG plots (matplotlib, Agg backend), drawn from stored results only.
 
-loss_curves          training loss per variant (trunk, and each extra depth/head), validation points
+loss_curves          training loss per run (trunk, and each extra depth/head): colour = variant, line style = seed
 acceptance           measured acceptance per draft position (bs=1), with the validation proxy beside it
-speedup_vs_batch     measured MTP speedup over our greedy against batch size, with its interval
-quality_differences  variant − NTP for each quality metric, with its 95% interval
-paired_differences   per-item Δ (gold bits/byte, held-out windows) per variant vs NTP, with the noise floor
+speedup_vs_batch     measured MTP speedup over our greedy against batch size (log-scale intervals, never below 0);
+                     drawn only when more than one batch size was measured
+quality_differences  variant − NTP for each quality metric, with its 95% interval over seeds, and the noise floors
+paired_differences   per-item Δ (gold bits/byte, held-out windows) per variant vs NTP, with the noise floors
 
-Every number comes from the results model (`resultset`) and `compare`, as in the report's tables.
+Every number comes from the results model (`resultset`) and `compare`/`comparisons`, as in the report's tables.
+Where no interval over seeds exists (one seed, one pair of seeds) the evaluation-set interval is drawn
+instead, thin and dashed, and the caption says so.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from mtp_cli import compare, results, stats  # noqa: E402
+from mtp_cli import compare, comparisons, results, stats  # noqa: E402
 
 
 def render_all(r, out_dir: Path) -> list[tuple[str, Path]]:
@@ -59,6 +62,10 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
+SEED_STYLES = ["-", "--", ":", "-."]
+K_MARKERS = ["o", "s", "^", "v", "D"]
+
+
 def loss_curves(r, path: Path) -> str | None:
     if not any(run.metrics for run in r.runs):
         return None
@@ -66,32 +73,35 @@ def loss_curves(r, path: Path) -> str | None:
     max_k = max((int(r.first(v, "n_extra") or 0) for v in r.variants), default=0)
     fig, axes = plt.subplots(1, 2 if max_k else 1, figsize=(12 if max_k else 7, 4.5), squeeze=False)
     main, extra = axes[0][0], (axes[0][1] if max_k else None)
-    styles = ["-", "--", ":", "-."]
-    labelled: set[str] = set()
+    seeds = sorted({run.seed for run in r.runs})
     for run in r.runs:
         train = [m for m in run.metrics if m.get("kind") == "train"]
         val = [m for m in run.metrics if m.get("kind") == "val"]
-        color, label = colors[run.variant], (run.variant if run.variant not in labelled else None)
-        labelled.add(run.variant)
+        color, style = colors[run.variant], SEED_STYLES[seeds.index(run.seed) % len(SEED_STYLES)]
+        label = f"{run.variant} s{run.seed}"
         if train:
-            main.plot([m["step"] for m in train], _smooth([m["loss_main"] for m in train]), color=color, label=label,
-                      lw=1.2, alpha=0.9)
+            main.plot([m["step"] for m in train], _smooth([m["loss_main"] for m in train]), style, color=color,
+                      label=label, lw=1.2, alpha=0.9)
         if val:
-            main.plot([m["step"] for m in val], [m["val_loss"] for m in val], "o", color=color, ms=4)
+            main.plot([m["step"] for m in val], [m["val_loss"] for m in val], "o", color=color, ms=4,
+                      mfc=color if seeds.index(run.seed) == 0 else "white")
         if extra is not None and train:
             for k in range(1, max_k + 1):
                 key = f"loss_mtp_{k}"
                 if key in train[0]:
-                    extra.plot([m["step"] for m in train], _smooth([m[key] for m in train]), styles[(k - 1) % 4],
-                               color=color, lw=1.1, label=f"{run.variant} k={k}" if run.seed == r.rows(run.variant)["seed"].min() else None)
+                    extra.plot([m["step"] for m in train], _smooth([m[key] for m in train]), style, color=color,
+                               marker=K_MARKERS[(k - 1) % len(K_MARKERS)], markevery=max(len(train) // 8, 1), ms=4,
+                               lw=1.1, label=f"{label} k={k}")
     main.set(title="trunk (next-token) loss: training, smoothed; dots = validation", xlabel="step",
              ylabel="cross-entropy (nats/token)")
-    main.legend(fontsize=8)
+    main.legend(fontsize=7, ncol=2 if len(r.runs) > 6 else 1)
     if extra is not None:
-        extra.set(title="extra predictions: loss of depth/head k (smoothed)", xlabel="step", ylabel="cross-entropy")
-        extra.legend(fontsize=8)
+        extra.set(title="extra predictions: loss of depth/head k (smoothed; marker = k)", xlabel="step",
+                  ylabel="cross-entropy")
+        extra.legend(fontsize=7)
     _save(fig, path)
-    return "Training loss per variant: the trunk's next-token loss (left) and each MTP depth/head (right)"
+    return ("Training loss per run: the trunk's next-token loss (left) and each MTP depth/head (right); colour = "
+            "variant, line style = seed")
 
 
 def acceptance(r, path: Path) -> str | None:
@@ -138,8 +148,8 @@ def speedup_vs_batch(r, path: Path) -> str | None:
                             mtp.get("ideal_speedup")))
         if pts:
             series[v] = pts
-    if not series:
-        return None
+    if len({p[0] for pts in series.values() for p in pts}) < 2:
+        return None  # one batch size: no curve to draw (the tables give its speed-up)
     colors = _colors(r.variants)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for v, pts in series.items():
@@ -162,78 +172,104 @@ def speedup_vs_batch(r, path: Path) -> str | None:
     return "Measured speedup over our plain greedy decoding against batch size (95% intervals), with the ideal speedup"
 
 
+def _whisker(ax, x, e, scale: float, color, marker: str = "o") -> bool:
+    """The point and its interval over seeds, or where none exists the evaluation-set interval, thin and
+    dashed. True when the dashed one was drawn."""
+    lo, hi, dashed = e.lo, e.hi, False
+    if lo is None or hi is None:
+        lo, hi, dashed = e.items_lo, e.items_hi, True
+    yerr = [[(e.value - lo) * scale], [(hi - e.value) * scale]] if lo is not None and hi is not None else None
+    bars = ax.errorbar([x], [e.value * scale], yerr=yerr, fmt=marker, capsize=4, color=color, mec="black",
+                       lw=0.8 if dashed else 1.5, ms=6)
+    if dashed and yerr is not None:
+        bars[-1][0].set_linestyle("--")
+    return dashed and yerr is not None
+
+
+def _rows(r):
+    """The Δ-table rows with a colour each: variants in their colour, noise floors in grey."""
+    colors = _colors(r.variants)
+    return [(c, colors[c.variant] if c.kind == comparisons.VARIANT else "grey") for c in comparisons.comparisons(r)]
+
+
 def quality_differences(r, path: Path) -> str | None:
     base = r.baseline
     if base is None:
         return None
-    others = [v for v in r.variants if v != base]
-    deltas = {m: {v: compare.difference(r, v, m) for v in others} for m in r.quality_metrics}
-    metrics = [m for m in deltas if any(e is not None for e in deltas[m].values())]
-    if not others or not metrics:
+    rows = _rows(r)
+    deltas = {m: {c.label: comparisons.estimate(r, c, m) for c, _ in rows} for m in r.quality_metrics}
+    metrics = [m for m in deltas if any(isinstance(e, stats.Estimate) and not e.all_zero for e in deltas[m].values())]
+    if not any(c.kind == comparisons.VARIANT for c, _ in rows) or not metrics:
         return None
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.8), squeeze=False)
-    colors = _colors(r.variants)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 4.2), squeeze=False)
+    dashed = False
     for ax, m in zip(axes[0], metrics):
         scale = 100 if m.pct else 1
-        for i, v in enumerate(others):
-            e = deltas[m][v]
-            if e is None:
-                continue
-            yerr = [[(e.value - e.lo) * scale], [(e.hi - e.value) * scale]] if e.lo is not None else None
-            ax.errorbar([i], [e.value * scale], yerr=yerr, fmt="o", capsize=4, color=colors[v])
+        for i, (c, color) in enumerate(rows):
+            e = deltas[m][c.label]
+            if isinstance(e, stats.Estimate):
+                dashed |= _whisker(ax, i, e, scale, color, "s" if c.kind != comparisons.VARIANT else "o")
         ax.axhline(0, color="grey", lw=0.8)
-        ax.set_xlim(-0.6, len(others) - 0.4)
-        ax.set_xticks(range(len(others)))
-        ax.set_xticklabels(others, rotation=30, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([_short_label(c) for c, _ in rows], rotation=30, ha="right", fontsize=7)
         ax.set_title(f"Δ {m.label}" + (" (points)" if m.pct else ""), fontsize=9)
     _save(fig, path)
-    return f"Quality difference to NTP ({base}) per variant, with 95% intervals (trunk only, modules discarded)"
+    return (f"Quality difference to NTP ({base}) per variant with its 95% interval over seeds, and the noise floors "
+            "in grey (trunk only, modules discarded)"
+            + ("; dashed: no interval over seeds exists (one seed or one pair), the evaluation-set interval instead"
+               if dashed else ""))
+
+
+def _short_label(c) -> str:
+    return c.label.replace("noise floor", "floor").replace(" − ", "−")
 
 
 def paired_differences(r, path: Path) -> str | None:
-    """Per item: variant − NTP (seed means over the items every run scored), its mean with the hierarchical
-    interval, and the same for two NTP seeds (the noise floor) in grey."""
+    """Per item: one side − NTP (seed means over the items every run scored), its mean with its 95%
+    interval over seeds (or, where none exists, the evaluation-set interval, dashed); noise floors in grey."""
     base = r.baseline
     if base is None:
         return None
-    panels = []
+    rows, panels = _rows(r), []
     for m in r.quality_metrics:
         base_items = r.item_runs(base, m)
         if not base_items:
             continue
         columns = []
-        for v in r.variants:
-            v_items = r.item_runs(v, m) if v != base else None
-            if v_items:
-                columns.append((v, _per_item_delta(v_items, base_items), compare.difference(r, v, m)))
-        floor = compare.noise_floor(r, m)
-        pair = compare.noise_floor_seeds(r)
-        if pair and isinstance(floor, stats.Estimate):
-            a, b = base_items[pair[0]], base_items[pair[1]]
-            columns.append((f"noise floor\n{base} s{pair[1]}−s{pair[0]}", _per_item_delta({0: b}, {0: a}), floor))
-        if any(not name.startswith("noise floor") for name, _, _ in columns):
-            panels.append((m, columns, floor if isinstance(floor, str) else None))
+        for c, color in rows:
+            e = comparisons.estimate(r, c, m)
+            if not isinstance(e, stats.Estimate):
+                continue
+            if c.kind == comparisons.PAIR:
+                pair = compare.noise_floor_seeds(r)
+                per_item = _per_item_delta({0: base_items[pair[1]]}, {0: base_items[pair[0]]})
+            else:
+                v_items = r.item_runs(c.variant, m)
+                if not v_items:
+                    continue
+                per_item = _per_item_delta(v_items, base_items)
+            columns.append((_short_label(c), per_item, e, color, c.kind))
+        if any(kind == comparisons.VARIANT for *_, kind in columns):
+            panels.append((m, columns))
     if not panels:
         return None
-    colors = _colors(r.variants)
     jitter = np.random.default_rng(0)
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 4.2), squeeze=False)
-    for ax, (m, columns, floor_reason) in zip(axes[0], panels):
-        for i, (name, per_item, e) in enumerate(columns):
-            color = colors.get(name, "grey")
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 4.4), squeeze=False)
+    dashed = False
+    for ax, (m, columns) in zip(axes[0], panels):
+        for i, (name, per_item, e, color, kind) in enumerate(columns):
             ax.scatter(i + jitter.uniform(-0.18, 0.18, len(per_item)), per_item, s=6, alpha=0.3, color=color, lw=0)
-            if e is not None and e.lo is not None:
-                ax.errorbar([i], [e.value], yerr=[[e.value - e.lo], [e.hi - e.value]], fmt="D", ms=6, capsize=5,
-                            color="black", mfc=color)
+            dashed |= _whisker(ax, i, e, 1, color, "D")
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xticks(range(len(columns)))
-        ax.set_xticklabels([name for name, _, _ in columns], rotation=30, ha="right", fontsize=8)
+        ax.set_xticklabels([name for name, *_ in columns], rotation=30, ha="right", fontsize=7)
         ax.set_title(f"Δ {m.label} per item vs {base}", fontsize=9)
-        if floor_reason:
-            ax.text(0.02, 0.02, f"noise floor: {floor_reason}", transform=ax.transAxes, fontsize=7, color="grey")
     _save(fig, path)
     return (f"Per-item difference to NTP ({base}): dots are items (problems, questions, held-out windows), ◆ the mean "
-            "with its 95% interval over seeds and items; grey: the same difference between two NTP seeds")
+            "with its 95% interval over seeds; grey: the noise floors (only seeds differ)"
+            + ("; dashed: no interval over seeds exists (one seed or one pair), the evaluation-set interval instead"
+               if dashed else ""))
 
 
 def _per_item_delta(variant: dict, base: dict) -> np.ndarray:

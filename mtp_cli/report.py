@@ -17,11 +17,11 @@ from pathlib import Path
 from rich.console import Console
 
 from mtp_cli import claims, compare, plots, results
+from mtp_cli.report_deltas import difference_tables
+from mtp_cli.report_format import NOT_MEASURED, fmt, fmt_delta, fmt_estimate, interval, seed_values, speed
 from mtp_cli.resultset import BEFORE, Metric, ResultSet, code_commit, load, values
-from mtp_cli.stats import Estimate
 from mtp_cli.tables import Table
 
-NOT_MEASURED = "not measured"
 CLAIMS_DOC = "docs/CLAIMS.md"
 DEGENERATE_THRESHOLD = 0.5  # above this share of degenerate outputs, acceptance measures repetition
 
@@ -32,27 +32,6 @@ class Section:
     intro: str = ""
     tables: list[Table] = field(default_factory=list)
     images: list[tuple[str, str]] = field(default_factory=list)  # (caption, path relative to the report)
-
-
-# ---- numbers and their intervals --------------------------------------------------------------------
-def fmt(m: Metric, value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{100 * value:.1f}%" if m.pct else f"{value:.{m.digits}f}"
-
-
-def fmt_estimate(m: Metric, e: Estimate | str | None, signed: bool = False) -> str:
-    """`value [lo, hi]`, a reason string as is, or "not measured"."""
-    if isinstance(e, str):
-        return e
-    if e is None:
-        return NOT_MEASURED
-    text = fmt(m, e.value)
-    if signed and not text.startswith("-"):
-        text = "+" + text
-    if e.lo is None or e.hi is None or any(isinstance(v, float) and math.isnan(v) for v in (e.lo, e.hi)):
-        return text
-    return f"{text} [{fmt(m, e.lo)}, {fmt(m, e.hi)}]"
 
 
 # ---- training evidence -----------------------------------------------------------------------------------
@@ -68,42 +47,10 @@ def training_section(r: ResultSet) -> Section:
         notes += _before_notes(r)
     tables = [Table("Trunk quality per variant (MTP modules discarded)", ["variant", "seeds", *[m.label for m in metrics]],
                     rows, [n for n in notes if n])]
-    base = r.baseline
-    if base is None:
+    if r.baseline is None:
         notes = ["no NTP variant in this ablation, so no differences to NTP"]
         return Section("Training evidence", _TRAINING_INTRO, tables + [Table("Difference to NTP", ["variant"], [], notes)])
-    diff_rows, methods = [], {}
-    for v in r.variants:
-        if v == base:
-            continue
-        cells = []
-        for m in metrics:
-            e = compare.difference(r, v, m)
-            cells.append(fmt_estimate(m, e, signed=True))
-            _note_method(methods, e, m.label)
-        diff_rows.append([f"{v} (seeds {_seed_list(r, v)})", *cells])
-    pair = compare.noise_floor_seeds(r)
-    floor_label = f"noise floor: {base} s{pair[1]} − s{pair[0]}" if pair else f"noise floor: {base} seed vs seed"
-    floor, floor_methods = [], {}
-    for m in metrics:
-        e = compare.noise_floor(r, m)
-        floor.append(fmt_estimate(m, e, signed=True))
-        _note_method(floor_methods, e, m.label)
-    diff_rows.append([floor_label, *floor])
-    notes = [f"variant − {base} (seeds {_seed_list(r, base)}); 95% intervals:",
-             *[f"{how}: {', '.join(labels)}" for how, labels in methods.items()],
-             *[f"noise floor, {how}: {', '.join(labels)}" for how, labels in floor_methods.items()],
-             *(["per item: every run scored the same items (HumanEval problems, GSM8K questions, held-out windows), "
-                "so differences pair per item; over seeds: seeds are resampled first, so the interval covers seed "
-                "variation"] if any("bootstrap" in how for how in methods) else []),
-             "noise floor: the same difference between two NTP seeds — a variant's Δ inside it is no evidence "
-             "of an effect of the objective",
-             "an interval that contains 0 is no evidence of a difference"]
-    if any(s == 1 for s in seeds.values()):
-        notes.append("one seed per variant: the interval covers item noise only, not seed-to-seed variation "
-                     "(at this scale the larger noise); compare with the noise floor")
-    tables.append(Table(f"Difference to NTP ({base})", ["variant", *[f"Δ {m.label}" for m in metrics]], diff_rows, notes))
-    return Section("Training evidence", _TRAINING_INTRO, tables)
+    return Section("Training evidence", _TRAINING_INTRO, tables + difference_tables(r, metrics))
 
 
 _TRAINING_INTRO = ("Quality of the trunk alone: each run's trunk is exported as a Hugging Face checkpoint with its "
@@ -120,16 +67,6 @@ def _before_notes(r: ResultSet) -> list[str]:
         verdict = "yes" if not differ else "**NO** — " + "; ".join(f"{v}: {', '.join(labels)}" for v, labels in differ.items())
         notes.append(f"frozen trunk (train.freeze_trunk): trunk scores equal the source's: {verdict}")
     return notes
-
-
-def _note_method(methods: dict[str, list[str]], e: Estimate | str | None, label: str) -> None:
-    """Remember which interval method a metric's cell used (one note line per method)."""
-    if isinstance(e, Estimate) and label not in methods.setdefault(e.method, []):
-        methods[e.method].append(label)
-
-
-def _seed_list(r: ResultSet, variant: str) -> str:
-    return ", ".join(str(s) for s in sorted(r.seeds(variant)))
 
 
 def _n_note(r: ResultSet) -> str:
@@ -169,11 +106,11 @@ def _evaluated_seeds(rows, metrics) -> int:
 
 
 def _interval_note(seeds: dict[str, int]) -> str:
-    if all(n >= 2 for n in seeds.values()):
-        return "[lo, hi] = 95% t-interval over seeds"
     if all(n == 1 for n in seeds.values()):
-        return "one seed per variant: [lo, hi] is each run's own 95% interval (Wilson for pass rates), not over seeds"
-    return "[lo, hi]: 95% t-interval over seeds where a variant has ≥2 seeds, else the run's own interval"
+        return "one seed per variant: [lo, hi] is each run's own 95% interval over its items (Wilson for pass rates), not over seeds"
+    return ("with 2-3 seeds: the mean over seeds and, in brackets, each seed's value (a t-interval over so few seeds "
+            "is too wide to read); with 4 or more, the mean [95% t-interval over seeds]; with one seed, the run's "
+            "own interval over its items")
 
 
 # ---- inference evidence ---------------------------------------------------------------------------------
@@ -195,12 +132,12 @@ def inference_section(r: ResultSet) -> Section:
                 over_prompts, over_seeds = compare.acceptance(r, v, name, bs)
                 mtp_rows.append([
                     v, _condition_label(r, v, name, primary), str(bs), str(n), _yesno(mtp.get("lossless")),
-                    fmt_estimate(PCT, over_prompts) if over_prompts else _pct(mtp.get("acceptance_rate")),
-                    fmt_estimate(PCT, over_seeds) if over_seeds else ("needs ≥ 2 seeds" if n < 2 else "–"),
+                    _with_interval(over_prompts) if over_prompts else _pct(mtp.get("acceptance_rate")),
+                    _with_interval(over_seeds, seeds=True) if over_seeds else ("n/a (one seed)" if n < 2 else "–"),
                     _num(mtp.get("mean_acceptance_length"), 2),
                     " / ".join(_pct(x) for x in mtp.get("per_position_acceptance") or []) or "–",
                     _share(r.text_share(v, name, "degenerate_share")), _share(r.text_share(v, name, "whitespace_share")),
-                    _speed(mtp, "speedup"), _speed(mtp, "ideal_speedup")])
+                    speed(mtp, "speedup"), speed(mtp, "ideal_speedup")])
         for bs, methods, n in r.spec_by_batch(v, primary):
             mtp, greedy = methods.get(results.MTP_METHOD), methods.get(results.GREEDY_METHOD) or {}
             if not mtp:
@@ -212,11 +149,14 @@ def inference_section(r: ResultSet) -> Section:
                                *[_num(p.get("tokens_per_s"), 0) for p in peers],
                                _ratio(greedy.get("tokens_per_s"), (methods.get("hf_generate") or {}).get("tokens_per_s")),
                                _ratio((mtp or {}).get("tokens_per_s"), best_peer)])
-    seeds_note = ("seeds = runs measured; with several, numbers are means over seeds and speed intervals t-intervals "
-                  "over seeds" if any(len(r.rows(v)) > 1 for v in r.variants) else
+    seeds_note = ("seeds = runs measured; with several, acceptance and MAL are means over seeds, speed-ups geometric "
+                  "means with a 95% t-interval over seeds on the log scale (so never below 0) and, with 2-3 seeds, "
+                  "each seed's value in brackets" if any(len(r.rows(v)) > 1 for v in r.variants) else
                   "one seed: the speed intervals are 95% bootstrap intervals of the median over timed repeats")
-    mtp_notes = ["acceptance = accepted / drafted tokens; [lo, hi]: 95% bootstrap over prompts (seeds fixed), and "
-                 "over seeds then prompts (the same prompts for every seed)",
+    mtp_notes = ["acceptance = accepted / drafted tokens. Evaluation-set noise only: 95% bootstrap over prompts with "
+                 "the seeds held fixed. 95% over seeds: a t over the seeds' rates (n − 1 degrees of freedom) with the "
+                 "prompt variance the seeds share added (the same prompts for every seed); with 2-3 seeds, each "
+                 "seed's rate in brackets",
                  "degenerate: share of our plain decoder's generated tokens inside a repetition loop (an n-gram, "
                  "n ≤ 16, repeated at least 3 times in a row); whitespace: share of its outputs that are whitespace "
                  "only — high acceptance on such text says little about real text",
@@ -230,8 +170,8 @@ def inference_section(r: ResultSet) -> Section:
                    "MTP ÷ best peer: MTP speculative tokens/s over the fastest Hugging Face method at that batch size"]
     tables = [
         Table("Self-speculative decoding with the run's own MTP modules",
-              ["variant", "prompts × temperature", "batch", "seeds", "lossless", "acceptance [prompts]",
-               "acceptance [seeds × prompts]", "MAL", "per position", "degenerate", "whitespace",
+              ["variant", "prompts × temperature", "batch", "seeds", "lossless", "acceptance, evaluation-set noise only",
+               "acceptance, 95% over seeds", "MAL", "per position", "degenerate", "whitespace",
                "speedup vs our greedy", "ideal speedup"], mtp_rows, mtp_notes,
               empty="no specbench result with MTP drafting stored (stage disabled, not run yet, or NTP only)."),
         Table("Decoding speed against the peers (tokens/s, median of repeats)",
@@ -259,6 +199,12 @@ def inference_section(r: ResultSet) -> Section:
              "must equal plain greedy). Only measured speeds appear here.")
     warning = _degenerate_warning(r, primary)
     return Section("Inference evidence", f"{intro}\n\n{warning}" if warning else intro, tables)
+
+
+def _with_interval(e, seeds: bool = False) -> str:
+    """A rate with its interval and, when asked and there are 2-3 seeds, each seed's rate."""
+    text = " ".join(x for x in (fmt(PCT, e.value), interval(PCT, e.lo, e.hi)) if x)
+    return f"{text} {seed_values(PCT, e)}".strip() if seeds else text
 
 
 def _condition_label(r: ResultSet, variant: str, name: str, primary: str | None) -> str:
@@ -402,7 +348,9 @@ def claims_section(r: ResultSet) -> Section:
             for v in families[c.family]:
                 e = compare.difference(r, v, m)
                 if e is not None:
-                    ours.append(f"{v}: Δ {fmt_estimate(m, e, signed=True)}" + (" (HumanEval; no MBPP here)" if key == "MBPP" else ""))
+                    delta = fmt_delta(m, e)
+                    ours.append(f"{v}: {delta if e.all_zero else 'Δ ' + delta}"
+                                + (" (HumanEval; no MBPP here)" if key == "MBPP" else ""))
         train_rows.append([c.source, c.metric, c.value, c.conditions, "; ".join(ours) or "–"])
     inf_rows = []
     for c in claims.INFERENCE:
@@ -413,7 +361,7 @@ def claims_section(r: ResultSet) -> Section:
                 if "acceptance" in c.metric and mtp.get("per_position_acceptance"):
                     ours.append(f"{v} bs={bs}: {_pct(mtp['per_position_acceptance'][0])}")
                 elif "speedup" in c.metric and mtp.get("speedup") is not None:
-                    ours.append(f"{v} bs={bs}: {_speed(mtp, 'speedup')}")
+                    ours.append(f"{v} bs={bs}: {speed(mtp, 'speedup')}")
         inf_rows.append([c.source, c.metric, c.value, c.conditions, "; ".join(ours) or "–"])
     notes = [f"ours: {ours_cond}", "published numbers are at 10⁹–10¹¹ parameters and 10¹¹–10¹² tokens; "
              "ours are orders of magnitude smaller — compare directions and conditions, not values",
@@ -477,26 +425,61 @@ def environment_section(r: ResultSet) -> Section:
 def settings_table(r: ResultSet) -> Table:
     recipe = r.lock.get("recipe") or {}
     model, train, ev, sb = (recipe.get(k) or {} for k in ("model", "train", "eval", "specbench"))
-    limits = ev.get("limits") or {}
     rows = [
         ["model", _trained_models(r, model)],
         ["data", f"{(recipe.get('data') or {}).get('source')}"],
         ["training", f"{train.get('steps')} steps × {train.get('batch_size')} sequences, peak lr {train.get('lr')}, "
-                     f"{train.get('schedule')} schedule, seeds {recipe.get('seeds')}"],
-        ["eval", (", ".join(f"{t} ({'first ' + str(limits[t]) if limits.get(t) else 'all'})" for t in ev.get("tasks", []))
-                  if ev.get("enabled", True) else "disabled")],
-        ["specbench", (f"{sb.get('limit')} {sb.get('prompts')} prompts, {sb.get('max_new_tokens')} new tokens, batch "
-                       f"sizes {sb.get('batch_sizes')}, {sb.get('repeats')} repeats") if sb.get("enabled", True) else "disabled"],
+                     f"{train.get('schedule', 'cosine')} schedule, {_seeds_text(recipe)}"],
+        ["eval", _eval_text(r, ev) if ev.get("enabled", True) else "disabled"],
+        ["specbench", _specbench_text(sb) if sb.get("enabled", True) else "disabled"],
     ]
     variants = recipe.get("variants") or []
     for v in variants:
-        overrides = "; ".join(f"{sec}: " + ", ".join(f"{k}={val}" for k, val in v[sec].items())
+        overrides = "; ".join(f"{sec}: " + ", ".join(f"{k}={_plain(val)}" for k, val in v[sec].items())
                               for sec in ("model", "mtp", "data", "train") if v.get(sec))
+        offsets = ", ".join(f"{k} {v[k]}" for k in ("init_seed_offset", "data_seed_offset") if v.get(k))
+        what = v.get("description") or overrides or "the recipe as is"
         ran = "" if v["name"] in r.variants else " — no runs yet"
-        rows.append([f"variant {v['name']}", (v.get("description") or overrides or "the recipe as is") + ran])
+        rows.append([f"variant {v['name']}", what + (f" ({offsets})" if offsets else "") + ran])
     return Table("Settings", ["", ""], rows)
 
 
+def _plain(value) -> str:
+    """A recipe value as a reader writes it: lists joined by commas, no quotes or brackets."""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_plain(x) for x in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _seeds_text(recipe: dict) -> str:
+    seeds = recipe.get("seeds") or []
+    data_seed = (recipe.get("train") or {}).get("data_seed")
+    text = f"seed{'s' if len(seeds) != 1 else ''} {_plain(seeds)}" if seeds else "seeds ?"
+    return text + (f" (initialisation; data order fixed at data seed {data_seed})" if data_seed is not None else "")
+
+
+def _eval_text(r: ResultSet, ev: dict) -> str:
+    limits = ev.get("limits") or {}
+    shots = sorted({int(v) for v in values(r.frame, "gsm8k_fewshot")}) if "gsm8k_fewshot" in r.frame else []
+    parts = []
+    for task in ev.get("tasks", []):
+        what = [f"first {limits[task]}" if limits.get(task) else "all"]
+        if task == "gsm8k":
+            what.append(f"{'/'.join(map(str, shots))}-shot" if shots else f"{ev.get('gsm8k_fewshot', 5)}-shot (recipe)")
+        parts.append(f"{task} ({', '.join(what)})")
+    return ", ".join(parts)
+
+
+def _specbench_text(sb: dict) -> str:
+    temps = sb.get("temperatures")
+    return (f"{sb.get('limit')} prompts each from {_plain(sb.get('prompts'))}"
+            + (f" at temperature {_plain(temps)}" if temps else "")
+            + f", {sb.get('max_new_tokens')} new tokens, batch size{'s' if len(sb.get('batch_sizes') or []) != 1 else ''} "
+            f"{_plain(sb.get('batch_sizes'))}, {sb.get('repeats')} timed repeat{'s' if sb.get('repeats') != 1 else ''}")
 
 
 def _describe_model(model: dict) -> str:
@@ -616,16 +599,6 @@ def _ratio(a, b) -> str:
 
 def _yesno(value) -> str:
     return "–" if value is None else ("yes" if value else "**NO**")
-
-
-def _speed(m: dict, key: str) -> str:
-    value = m.get(key)
-    if value is None:
-        return "–"
-    ci = m.get(f"{key}_ci95") or m.get(f"{key}_ci")
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci:
-        return f"{value:.2f}× [{ci[0]:.2f}, {ci[1]:.2f}]"
-    return f"{value:.2f}×"
 
 
 def _duration(seconds) -> str:

@@ -210,6 +210,12 @@ def _ci(result: dict, key: str, side: int) -> Any:
     return None
 
 
+ITEMS_LO = "95% interval over this run's items (evaluation-set noise only, not seed to seed), lower end"
+ITEMS_HI = "the same interval, upper end"
+PROMPTS_LO = "95% interval over this run's prompts (evaluation-set noise only), lower end"
+PROMPTS_HI = "the same interval, upper end"
+
+
 def _spec(bs: int, method: str, key: str) -> Callable[[RunFolder], Any]:
     return lambda r: _get(r.spec_batch(bs), method, key)
 
@@ -217,7 +223,10 @@ def _spec(bs: int, method: str, key: str) -> Callable[[RunFolder], Any]:
 COLUMNS: list[Column] = [
     Column("run", "run folder name, `<variant>-s<seed>`", lambda r: r.path.name),
     Column("variant", "variant name from the recipe", lambda r: r.variant),
-    Column("seed", "training seed", lambda r: r.seed),
+    Column("seed", "grid seed: the ablation's seed, which pairs the runs of every variant", lambda r: r.seed),
+    Column("init_seed", "initialisation seed (train.seed: the grid seed + the variant's init_seed_offset)",
+           lambda r: _get(r.run, "recipe", "train", "seed")),
+    Column("data_seed", "batch-order seed (train.data_seed; where unset, the initialisation seed)", lambda r: _data_seed(r.run)),
     Column("objective", "ntp | sequential | parallel", lambda r: r.run.get("objective")),
     Column("n_extra", "extra predictions: sequential depth D or parallel heads n-1", lambda r: _n_extra(r.run)),
     Column("lambda", "MTP loss weight λ", lambda r: r.run.get("lambda") if r.run.get("objective") != "ntp" else None),
@@ -236,42 +245,42 @@ COLUMNS: list[Column] = [
     Column("val_loss", "trunk validation cross-entropy at the end of training (nats/token)", lambda r: _get(r.run, "final", "val_loss")),
     Column("val_top1", "trunk validation top-1 accuracy at the end of training", lambda r: _get(r.run, "final", "val_top1")),
     Column("heldout_loss", "held-out cross-entropy of the exported trunk (nats/token)", lambda r: r.eval_result("heldout").get("loss")),
-    Column("heldout_loss_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("heldout"), "loss", 0)),
-    Column("heldout_loss_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("heldout"), "loss", 1)),
+    Column("heldout_loss_lo", ITEMS_LO, lambda r: _ci(r.eval_result("heldout"), "loss", 0)),
+    Column("heldout_loss_hi", ITEMS_HI, lambda r: _ci(r.eval_result("heldout"), "loss", 1)),
     Column("heldout_bpb", "held-out bits per byte", lambda r: r.eval_result("heldout").get("bpb")),
-    Column("heldout_bpb_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("heldout"), "bpb", 0)),
-    Column("heldout_bpb_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("heldout"), "bpb", 1)),
+    Column("heldout_bpb_lo", ITEMS_LO, lambda r: _ci(r.eval_result("heldout"), "bpb", 0)),
+    Column("heldout_bpb_hi", ITEMS_HI, lambda r: _ci(r.eval_result("heldout"), "bpb", 1)),
     Column("heldout_n", "held-out tokens scored", lambda r: r.eval_result("heldout").get("n")),
     Column("humaneval_pass1", "HumanEval pass@1 (greedy)", lambda r: r.eval_result("humaneval").get("pass@1")),
-    Column("humaneval_pass1_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("humaneval"), "pass@1", 0)),
-    Column("humaneval_pass1_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("humaneval"), "pass@1", 1)),
+    Column("humaneval_pass1_lo", ITEMS_LO, lambda r: _ci(r.eval_result("humaneval"), "pass@1", 0)),
+    Column("humaneval_pass1_hi", ITEMS_HI, lambda r: _ci(r.eval_result("humaneval"), "pass@1", 1)),
     Column("humaneval_n", "HumanEval problems scored", lambda r: r.eval_result("humaneval").get("n")),
     Column("humaneval_gold_bpb", "bits/byte of HumanEval's canonical solutions given the prompt (trunk)", lambda r: r.eval_result("humaneval").get("gold_bpb")),
-    Column("humaneval_gold_bpb_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("humaneval"), "gold_bpb", 0)),
-    Column("humaneval_gold_bpb_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("humaneval"), "gold_bpb", 1)),
+    Column("humaneval_gold_bpb_lo", ITEMS_LO, lambda r: _ci(r.eval_result("humaneval"), "gold_bpb", 0)),
+    Column("humaneval_gold_bpb_hi", ITEMS_HI, lambda r: _ci(r.eval_result("humaneval"), "gold_bpb", 1)),
     Column("gsm8k_strict", "GSM8K exact match, strict-match", lambda r: r.eval_result("gsm8k").get(GSM8K_STRICT)),
-    Column("gsm8k_strict_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_STRICT, 0)),
-    Column("gsm8k_strict_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_STRICT, 1)),
+    Column("gsm8k_strict_lo", ITEMS_LO, lambda r: _ci(r.eval_result("gsm8k"), GSM8K_STRICT, 0)),
+    Column("gsm8k_strict_hi", ITEMS_HI, lambda r: _ci(r.eval_result("gsm8k"), GSM8K_STRICT, 1)),
     Column("gsm8k_flexible", "GSM8K exact match, flexible-extract", lambda r: r.eval_result("gsm8k").get(GSM8K_FLEX)),
-    Column("gsm8k_flexible_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 0)),
-    Column("gsm8k_flexible_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 1)),
+    Column("gsm8k_flexible_lo", ITEMS_LO, lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 0)),
+    Column("gsm8k_flexible_hi", ITEMS_HI, lambda r: _ci(r.eval_result("gsm8k"), GSM8K_FLEX, 1)),
     Column("gsm8k_n", "GSM8K questions scored", lambda r: r.eval_result("gsm8k").get("n")),
     Column("gsm8k_fewshot", "GSM8K few-shot examples per prompt (lm-eval's num_fewshot)",
            lambda r: r.eval_result("gsm8k").get("num_fewshot")),
     Column("gsm8k_gold_bpb", "bits/byte of GSM8K's reference answers given the prompt (trunk)", lambda r: r.eval_result("gsm8k").get("gold_bpb")),
-    Column("gsm8k_gold_bpb_lo", "95% interval, lower end", lambda r: _ci(r.eval_result("gsm8k"), "gold_bpb", 0)),
-    Column("gsm8k_gold_bpb_hi", "95% interval, upper end", lambda r: _ci(r.eval_result("gsm8k"), "gold_bpb", 1)),
+    Column("gsm8k_gold_bpb_lo", ITEMS_LO, lambda r: _ci(r.eval_result("gsm8k"), "gold_bpb", 0)),
+    Column("gsm8k_gold_bpb_hi", ITEMS_HI, lambda r: _ci(r.eval_result("gsm8k"), "gold_bpb", 1)),
     Column("spec_lossless", "MTP speculative output identical to plain greedy on every prompt (bs=1)", _spec(1, MTP_METHOD, "lossless")),
     Column("spec_acceptance_rate", "accepted / drafted tokens (bs=1)", _spec(1, MTP_METHOD, "acceptance_rate")),
-    Column("spec_acceptance_rate_lo", "95% interval over prompts, lower end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 0)),
-    Column("spec_acceptance_rate_hi", "95% interval over prompts, upper end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 1)),
+    Column("spec_acceptance_rate_lo", PROMPTS_LO, lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 0)),
+    Column("spec_acceptance_rate_hi", PROMPTS_HI, lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 1)),
     Column("spec_degenerate_share", "share of decoded outputs that are degenerate (primary condition)", lambda r: _get(spec_primary(r.spec), "text", "degenerate_share")),
     Column("spec_whitespace_share", "share of decoded text that is whitespace (primary condition)", lambda r: _get(spec_primary(r.spec), "text", "whitespace_share")),
     Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)", _spec(1, MTP_METHOD, "mean_acceptance_length")),
     Column("spec_draft_len", "tokens drafted per step", lambda r: r.spec.get("draft_len")),
     Column("spec_speedup", "measured speedup over our plain greedy (bs=1, median of repeats)", _spec(1, MTP_METHOD, "speedup")),
-    Column("spec_speedup_lo", "95% interval, lower end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "speedup", 0)),
-    Column("spec_speedup_hi", "95% interval, upper end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "speedup", 1)),
+    Column("spec_speedup_lo", "95% interval of the median over this run's timed repeats, lower end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "speedup", 0)),
+    Column("spec_speedup_hi", "the same interval, upper end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "speedup", 1)),
     Column("spec_ideal_speedup", "MAL · T_step / (T_verify + Σ T_draft) from measured parts (bs=1)", _spec(1, MTP_METHOD, "ideal_speedup")),
     Column("spec_tokens_per_s", "MTP speculative decoding tokens/s (bs=1)", _spec(1, MTP_METHOD, "tokens_per_s")),
     Column("greedy_tokens_per_s", "our plain greedy decoding tokens/s (bs=1)", _spec(1, GREEDY_METHOD, "tokens_per_s")),
@@ -288,6 +297,17 @@ DEPTH_COLUMNS = {"val_loss_{k}": "end-of-training validation loss of extra predi
                  "heldout_top1_{k}": "extra prediction k's top-1 on the whole validation split (eval)",
                  "heldout_agree_{k}": "its agreement with the trunk's greedy token there (acceptance proxy)"}
 POSITION_COLUMN = ("spec_accept_pos{i}", "measured acceptance at draft position i, bs=1 (vLLM's definition)")
+# Per quality metric: the run's value minus that of the baseline's run at the same grid seed.
+DELTA_COLUMN = ("delta_{col}", "this run's {col} minus that of the baseline (the recipe's first NTP variant) at the "
+                "same grid seed: the per-seed paired Δ the report's interval over seeds is built from (empty for "
+                "the baseline itself)")
+DELTA_OF = ("heldout_loss", "heldout_bpb", "humaneval_gold_bpb", "gsm8k_gold_bpb", "humaneval_pass1", "gsm8k_strict",
+            "gsm8k_flexible")
+
+
+def _data_seed(run: dict) -> int | None:
+    train = _get(run, "recipe", "train") or {}
+    return train.get("seed") if train.get("data_seed") is None else train.get("data_seed")
 
 
 def _n_extra(run: dict) -> int | None:
@@ -354,7 +374,26 @@ def summary_frame(results_dir: Path) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=base)
     extra = [c for c in frame.columns if c not in base]
-    return frame[base + extra]
+    frame = frame[base + extra]
+    return pd.concat([frame, _deltas(frame)], axis=1)
+
+
+def _deltas(frame: pd.DataFrame) -> pd.DataFrame:
+    """`delta_<col>` per run: its value minus the baseline run's at the same grid seed (`DELTA_COLUMN`)."""
+    ntp = frame[frame["objective"] == "ntp"]
+    if not len(ntp):
+        return pd.DataFrame(index=frame.index)
+    base = ntp[ntp["variant"] == ntp["variant"].iloc[0]].set_index("seed")
+    out = {}
+    for col in DELTA_OF:
+        if col not in frame:
+            continue
+        values = pd.to_numeric(frame[col], errors="coerce")
+        reference = pd.to_numeric(base[col], errors="coerce")
+        delta = values - frame["seed"].map(reference)
+        delta[frame["variant"] == base["variant"].iloc[0]] = float("nan")
+        out[DELTA_COLUMN[0].format(col=col)] = delta
+    return pd.DataFrame(out, index=frame.index)
 
 
 def write_summary(results_dir: Path) -> Path:

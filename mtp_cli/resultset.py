@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtp_cli import ablate_source, results, stats
+from mtp_cli import ablate_source, results, seed_stats, stats
 from mtp_cli.errors import UserError
 
 
@@ -28,6 +28,7 @@ class Metric:
     digits: int = 3
     ci: bool = True  # the summary has <col>_lo / <col>_hi per run
     items: tuple[str, str] | None = None  # (eval task, per-item field) for the paired per-item comparison
+    higher_better: bool = False  # pass rates; losses and bits/byte are better lower
 
 
 QUALITY = [
@@ -35,15 +36,16 @@ QUALITY = [
     Metric("held-out bits/byte ↓", "heldout_bpb", items=("heldout", "bpb")),
     Metric("HumanEval gold bits/byte ↓", "humaneval_gold_bpb", items=("humaneval", "gold_bpb")),
     Metric("GSM8K gold bits/byte ↓", "gsm8k_gold_bpb", items=("gsm8k", "gold_bpb")),
-    Metric("HumanEval pass@1", "humaneval_pass1", pct=True),
-    Metric("GSM8K strict", "gsm8k_strict", pct=True),
-    Metric("GSM8K flexible", "gsm8k_flexible", pct=True),
+    Metric("HumanEval pass@1", "humaneval_pass1", pct=True, higher_better=True),
+    Metric("GSM8K strict", "gsm8k_strict", pct=True, higher_better=True),
+    Metric("GSM8K flexible", "gsm8k_flexible", pct=True, higher_better=True),
 ]
 VAL_LOSS = Metric("val loss ↓ (training-time)", "val_loss", ci=False)
 ITEM_PATH_KEY = {"heldout": "windows_path"}  # other tasks store theirs under "items_path"
 ITEM_ID_KEYS = ("task_id", "doc_id", "window")
 BEFORE = "source (before)"  # the "before" row's label: the source checkpoint as it is, before any training
 CONTEXT_CUT_TASKS = {"humaneval": "HumanEval", "gsm8k": "GSM8K"}
+RATIO_KEYS = ("speedup", "ideal_speedup")  # pooled over seeds on the log scale
 
 
 def values(rows: pd.DataFrame, col: str) -> list[float]:
@@ -198,7 +200,9 @@ class ResultSet:
 
     def spec_by_batch(self, variant: str, condition: str | None = None) -> list[tuple[int, dict, int]]:
         """[(batch size, {method: metrics}, runs)] of a variant in one condition: one run's numbers, or
-        their means over seeds, where every stored interval (`<key>_ci`) becomes a t-interval over seeds."""
+        their means over seeds, where every stored interval (`<key>_ci`) becomes a t-interval over seeds.
+        Speed-ups (`RATIO_KEYS`) are pooled on the log scale instead: the geometric mean, its t-interval
+        over seeds (never below 0) and the seeds' own values (`<key>_seeds`)."""
         per_bs: dict[int, list[dict]] = {}
         for run in self.seeds(variant).values():
             for bs, methods in (self.condition(run, condition).get("results") or {}).items():
@@ -214,7 +218,13 @@ class ResultSet:
                 merged[name] = {key: _seed_mean([m.get(key) for m in ms]) for key in ms[0]}
                 for key in ms[0]:
                     vals = [m.get(key) for m in ms]
-                    if f"{key}_ci" in ms[0] and all(isinstance(x, (int, float)) for x in vals):
+                    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals):
+                        continue
+                    if key in RATIO_KEYS:
+                        centre, lo, hi = seed_stats.log_t_interval([float(x) for x in vals])
+                        merged[name].update({key: centre, f"{key}_ci": [lo, hi], f"{key}_seeds": [float(x) for x in vals]})
+                        merged[name].pop(f"{key}_ci95", None)
+                    elif f"{key}_ci" in ms[0]:
                         _, lo, hi = stats.t_interval([float(x) for x in vals])
                         merged[name][f"{key}_ci"] = [lo, hi]
             out.append((bs, merged, len(all_methods)))

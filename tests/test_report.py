@@ -60,15 +60,16 @@ def test_report_from_stored_results(tiny_ablation, tmp_path, no_training):
     assert positions == sorted(positions)
     training = text[positions[0]:positions[1]]
     inference = text[positions[1]:positions[2]]
-    assert "Difference to NTP (ntp)" in training and "paired t over 2 seeds" in training
+    assert "Difference to NTP (ntp)" in training and "t over 2 paired seeds" in training
     assert "speedup" not in training.lower() and "acceptance" not in training.lower()
     assert "agrees with trunk's greedy" in inference and "loss" not in inference.replace("lossless", "")
     assert "tutorial claim, unsourced" in text and "DeepSeek-V3 §4.5.1" in text
     assert "Self-speculative decoding" in inference and re.search(r"\| seq-d1 \| [^|]+ × T=0 \| 1 \| 2 \| yes \|", inference)
     assert "NTP has no MTP modules" in inference
-    for png in ("loss_curves.png", "quality_differences.png", "acceptance_per_position.png", "speedup_vs_batch.png"):
+    for png in ("loss_curves.png", "quality_differences.png", "acceptance_per_position.png"):
         assert (folder / "plots" / png).stat().st_size > 1000
         assert f"](plots/{png})" in text
+    assert not (folder / "plots" / "speedup_vs_batch.png").exists()  # one batch size: no speed-vs-batch curve
     terminal = console.export_text()
     assert "Trunk quality per variant" in terminal and "Training cost against NTP" in terminal
     assert (folder / "summary.csv").is_file()
@@ -126,19 +127,20 @@ def test_difference_paired_over_seeds_and_per_run_with_one_seed():
     variant = _frame([{"seed": 0, "x": 1.0}, {"seed": 1, "x": 2.0}, {"seed": 2, "x": 4.0}])
     base = _frame([{"seed": 0, "x": 0.5}, {"seed": 1, "x": 1.0}, {"seed": 2, "x": 3.0}])
     e = compare.seed_difference(variant, base, m)
-    expected = stats.t_interval([0.5, 1.0, 1.0])
-    assert e.method == "paired t over 3 seeds" and (e.value, e.lo, e.hi) == pytest.approx(expected)
+    expected = stats.t_interval([0.5, 1.0, 1.0])  # no per-run intervals stored: no item term to add
+    assert e.method.startswith("paired t over 3 seeds") and (e.value, e.lo, e.hi) == pytest.approx(expected)
+    assert e.per_seed == (0.5, 1.0, 1.0)
 
     one_v = _frame([{"seed": 0, "x": 0.30, "x_lo": 0.20, "x_hi": 0.40}])
     one_b = _frame([{"seed": 0, "x": 0.10, "x_lo": 0.07, "x_hi": 0.13}])
     e = compare.seed_difference(one_v, one_b, m)
     half = math.sqrt(0.10**2 + 0.03**2)
-    assert e.method == "one seed: per-run intervals combined"
-    assert (e.value, e.lo, e.hi) == pytest.approx((0.2, 0.2 - half, 0.2 + half))
+    assert e.method == "one seed: no interval over seeds" and (e.lo, e.hi) == (None, None)
+    assert (e.value, e.items_lo, e.items_hi) == pytest.approx((0.2, 0.2 - half, 0.2 + half))  # evaluation-set noise
 
     no_ci = resultset.Metric("y", "x", ci=False)
     e = compare.seed_difference(one_v, one_b, no_ci)
-    assert (e.lo, e.hi, e.method) == (None, None, "one seed, no per-run interval")
+    assert (e.lo, e.hi, e.items_lo, e.items_hi) == (None, None, None, None)
 
 
 def test_summarize_keeps_rates_inside_0_1():
@@ -155,5 +157,5 @@ def test_summary_columns_are_documented_once():
     names = [c.name for c in results.COLUMNS]
     assert len(names) == len(set(names)) and all(c.doc for c in results.COLUMNS)
     reference = (REPO / "docs" / "reference.md").read_text()  # the README links to it
-    for name in [*names, *results.DEPTH_COLUMNS, results.POSITION_COLUMN[0]]:
+    for name in [*names, *results.DEPTH_COLUMNS, results.POSITION_COLUMN[0], results.DELTA_COLUMN[0]]:
         assert f"`{name}`" in reference, f"docs/reference.md does not document summary column {name}"

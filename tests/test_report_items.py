@@ -1,6 +1,7 @@
 """The results model and the report on planted numbers (tests/synthetic_results.py): per-item series,
-Δ to NTP over seeds and items, the noise floor, context cuts, specbench conditions with the
-degenerate-text warning, summary.csv's new columns, and a re-render that changes no byte."""
+Δ to NTP with its interval over seeds and its evaluation-set interval apart, the noise floor, what each
+comparison varies, context cuts, specbench conditions with the degenerate-text warning, summary.csv's
+new columns, and a re-render that changes no byte."""
 
 from __future__ import annotations
 
@@ -67,20 +68,39 @@ def _offsets():
             "seq-d1": {s: 0.02 * (-1) ** (s + 1) * (s + 1) for s in seeds}}
 
 
-def test_difference_to_ntp_is_hierarchical_over_seeds_and_items(synth):
+def test_difference_to_ntp_is_a_t_over_seeds_with_the_items_apart(synth):
     r = resultset.load(synth)
     m = next(m for m in r.quality_metrics if m.col == "humaneval_gold_bpb")
     e = compare.difference(r, "seq-d1", m)
-    planted = np.mean([per_item_values("seq-d1", s, "humaneval", -0.05, _offsets()) for s in (0, 1)]) - \
-        np.mean([per_item_values("ntp", s, "humaneval", -0.05, _offsets()) for s in (0, 1)])
-    assert e.value == pytest.approx(planted) and e.lo < e.value < e.hi
-    assert "hierarchical" in e.method and e.n_seeds == (2, 2) and e.n_items == 40
-    one_seed = stats.paired_bootstrap(r.items(r.seeds("seq-d1")[0], "humaneval", "gold_bpb"),
-                                      r.items(r.seeds("ntp")[0], "humaneval", "gold_bpb"))
-    assert e.hi - e.lo > 2 * (one_seed.hi - one_seed.lo)  # the seeds disagree: the interval says so
+    runs = {name: np.array([per_item_values(name, s, "humaneval", -0.05 if name != "ntp" else 0, _offsets())
+                            for s in (0, 1)]) for name in ("seq-d1", "ntp")}
+    d = runs["seq-d1"] - runs["ntp"]  # seeds × items
+    per_seed = d.mean(1)
+    assert e.value == pytest.approx(per_seed.mean()) and e.per_seed == pytest.approx(tuple(per_seed))
+    assert e.method == "t over 2 paired seeds, shared item variance added" and e.n_seeds == (2, 2) and e.n_items == 40
+    shared = max(np.cov(d)[0, 1], 0) / d.shape[1]  # the item variance both seeds share
+    half = math.sqrt(12.706204736174705**2 * per_seed.var(ddof=1) / 2 + stats.Z95**2 * shared)  # t(0.975, 1)
+    assert (e.lo, e.hi) == pytest.approx((per_seed.mean() - half, per_seed.mean() + half))
+    assert e.detectable == pytest.approx(math.sqrt((12.706204736174705 + 1.3763819204711734) ** 2 * per_seed.var(ddof=1) / 2
+                                                   + (stats.Z95 + 0.8416212335729143) ** 2 * shared))
+    # the evaluation-set interval: items resampled, seeds held fixed — far narrower, and reported apart
+    assert e.items_lo < e.value < e.items_hi and e.hi - e.lo > 10 * (e.items_hi - e.items_lo)
     floor = compare.noise_floor(r, m)
     expected = per_item_values("ntp", 1, "humaneval", 0, _offsets()) - per_item_values("ntp", 0, "humaneval", 0, _offsets())
-    assert floor.value == pytest.approx(expected.mean()) and "paired bootstrap" in floor.method
+    assert floor.value == pytest.approx(expected.mean()) and (floor.lo, floor.hi) == (None, None)
+    assert floor.items_lo < floor.value < floor.items_hi and "one pair of seeds" in floor.method
+
+
+def _delta_rows(text: str) -> dict[tuple[str, str], list[str]]:
+    """The Δ table's rows as {(metric, comparison): cells}; a blank metric cell repeats the one above."""
+    table = text[text.index("**Difference to NTP"):]
+    table = table[:table.index("\n\n- ")]
+    rows, metric = {}, ""
+    for line in table.splitlines()[4:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        metric = cells[0] or metric
+        rows[(metric, cells[1])] = cells
+    return rows
 
 
 def test_report_on_planted_results(synth):
@@ -90,14 +110,23 @@ def test_report_on_planted_results(synth):
     inference = _section(text, "## Inference evidence", "## Cost")
     r = resultset.load(synth)
     m = next(m for m in r.quality_metrics if m.col == "humaneval_gold_bpb")
-    delta = report.fmt_estimate(m, compare.difference(r, "seq-d1", m), signed=True)
-    differences = training[training.index("**Difference to NTP"):]
-    header = _row(differences, "variant")
-    row = _row(differences, "seq-d1 (seeds 0, 1)")
-    assert row[header.index("Δ HumanEval gold bits/byte ↓")] == delta
-    floor = _row(training, "noise floor: ntp s1 − s0")
-    assert all(re.match(r"^[+-]\d", cell) for cell in floor[1:]), floor  # a number for every metric
-    assert "hierarchical bootstrap: seeds (paired), then items (paired)" in training
+    e = compare.difference(r, "seq-d1", m)
+    rows = _delta_rows(training)
+    header = _row(training[training.index("**Difference to NTP"):], "metric")
+    row = rows[(m.label, "seq-d1 − ntp")]
+    assert row[header.index("Δ (per seed)")] == f"{e.value:+.3f} ({e.per_seed[0]:+.3f}, {e.per_seed[1]:+.3f})"
+    assert row[header.index("95% over seeds")] == f"[{e.lo:.3f}, {e.hi:.3f}]"
+    assert row[header.index("evaluation-set noise only")] == f"[{e.items_lo:.3f}, {e.items_hi:.3f}]"
+    assert row[header.index("detectable (95%, 80% power)")] == f"{e.detectable:.3f}"
+    assert row[header.index("reading")] == "not resolved: interval contains 0"  # two seeds that disagree
+    floors = [cells for (metric, name), cells in rows.items() if name == "noise floor: ntp s1 − s0"]
+    assert len(floors) == 7 and all(re.match(r"^[+-]\d", cells[2]) for cells in floors)  # a number for every metric
+    assert all(cells[3] == "n/a (one pair of seeds)" for cells in floors)
+    varies = _row(training, "seq-d1 − ntp")
+    assert varies[1:] == ["mtp.objective=sequential", "init seed, data order", "seeds 0, 1"]
+    assert _row(training, "noise floor: ntp s1 − s0")[1:] == ["init seed and data order (seed 1 vs 0)", "every setting",
+                                                             "one pair"]
+    assert "t over 2 paired seeds, shared item variance added" in training
     assert "HumanEval: 12/40, ≤ 40 tokens (mean 20.5), context 64" in training
     assert "GSM8K: 0/30, context 64" in training
     warning = inference.index("decoded text is degenerate in the primary condition (heldout-greedy)")
@@ -108,7 +137,10 @@ def test_report_on_planted_results(synth):
     other = [c.strip() for c in rows[1].strip("|").split("|")]
     assert primary[1] == "heldout × T=0 (primary)" and other[1] == "humaneval × T=0"
     assert primary[acc_header.index("degenerate")] == "90.0%" and other[acc_header.index("degenerate")] == "10.0%"
-    assert re.match(r"\d+\.\d% \[\d+\.\d%, \d+\.\d%\]", primary[acc_header.index("acceptance [seeds × prompts]")])
+    over_seeds = primary[acc_header.index("acceptance, 95% over seeds")]
+    assert re.match(r"\d+\.\d% \[\d+\.\d%, \d+\.\d%\] \(\d+\.\d%, \d+\.\d%\)$", over_seeds), over_seeds
+    assert re.match(r"\d+\.\d% \[\d+\.\d%, \d+\.\d%\]$", primary[acc_header.index("acceptance, evaluation-set noise only")])
+    assert primary[acc_header.index("speedup vs our greedy")] == "1.20× [1.20, 1.20] (1.20, 1.20)"  # log scale
     assert "paired_differences.png" in text and (synth / "plots" / "paired_differences.png").stat().st_size > 1000
     assert f"Results produced at commit `{COMMIT[:12]}`" in text and "docs/CLAIMS.md" in text
     terminal = console.export_text()
@@ -142,10 +174,12 @@ def test_summary_gains_gold_bpb_and_text_shares(synth):
 def test_one_seed_and_missing_items_say_so(tmp_path):
     text = report.render_report(make_results(tmp_path / "one", seeds=(0,))).read_text()
     training = _section(text, "## Training evidence", "## Inference evidence")
-    assert "paired bootstrap over items (one seed per side)" in training
-    assert _row(training, "noise floor: ntp seed vs seed")[1:] == ["needs ≥ 2 NTP seeds"] * 7
+    rows = _delta_rows(training)
+    assert len(rows) == 7 and all(cells[3] == "n/a (one seed)" and cells[4].startswith("[") and cells[5] == "n/a"
+                                  and cells[6] == "not resolved: no interval over seeds" for cells in rows.values())
+    assert "no noise floor: it needs ≥ 2 NTP seeds, or a noise-floor variant" in training
     text = report.render_report(make_results(tmp_path / "old", per_item=False)).read_text()
-    assert "hierarchical" not in text and "paired t over 2 seeds" in text  # falls back to seed-level intervals
+    assert "hierarchical" not in text and "paired t over 2 seeds" in text  # falls back to the runs' aggregates
 
 
 def test_rerender_changes_no_byte(synth):
