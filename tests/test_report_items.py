@@ -182,6 +182,50 @@ def test_one_seed_and_missing_items_say_so(tmp_path):
     assert "hierarchical" not in text and "paired t over 2 seeds" in text  # falls back to the runs' aggregates
 
 
+def _add_noise_floor_variant(folder: Path, name: str, init_offset: int = 0, data_offset: int = 0) -> None:
+    """NTP again under another name, at init seed s + init_offset and data seed s + data_offset, its
+    held-out windows moved a little per seed (what another initialisation or data order would do)."""
+    for seed in (0, 1):
+        run = folder / "runs" / f"{name}-s{seed}"
+        shutil.copytree(folder / "runs" / f"ntp-s{seed}", run)
+        (run / "ablate.json").write_text(json.dumps({"variant": name, "seed": seed}))
+        doc = json.loads((run / "run.json").read_text())
+        doc["recipe"]["train"].update(seed=seed + init_offset, data_seed=seed + data_offset)
+        (run / "run.json").write_text(json.dumps(doc))
+        rows = [json.loads(line) for line in (run / "eval_heldout_windows.jsonl").read_text().splitlines()]
+        for i, row in enumerate(rows):
+            row["loss"] += 0.01 * (seed + 1) + 0.01 * (i % 5 - 2)  # Δ_s = 0.01 (s + 1): 25 windows, noise sums to 0
+        (run / "eval_heldout_windows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        doc = json.loads((run / "eval.json").read_text())
+        doc["results"]["heldout"]["loss"] += 0.01 * (seed + 1)  # the aggregate the windows average to
+        (run / "eval.json").write_text(json.dumps(doc))
+    lock = json.loads((folder / "recipe.lock.json").read_text())
+    lock["recipe"]["variants"].append({"name": name, "init_seed_offset": init_offset, "data_seed_offset": data_offset})
+    (folder / "recipe.lock.json").write_text(json.dumps(lock))
+
+
+def test_noise_floor_variants_are_measured_like_a_variant_and_named_by_what_they_vary(synth):
+    _add_noise_floor_variant(synth, "ntp-init", init_offset=1000)
+    _add_noise_floor_variant(synth, "ntp-data", data_offset=7)
+    text = report.render_report(synth).read_text()
+    training = _section(text, "## Training evidence", "## Inference evidence")
+    assert _row(training, "noise floor (init only): ntp-init − ntp")[1:] == [
+        "init seed (+1000 on the grid seed)", "every setting, data order", "seeds 0, 1"]
+    assert _row(training, "noise floor (data order only): ntp-data − ntp")[1:] == [
+        "data order (+7 on the grid seed)", "every setting, init seed", "seeds 0, 1"]
+    assert _row(training, "seq-d1 − ntp")[1:] == ["mtp.objective=sequential", "init seed, data order", "seeds 0, 1"]
+    rows = _delta_rows(training)
+    floor = rows[("held-out loss ↓ (nats/token)", "noise floor (init only): ntp-init − ntp")]
+    assert floor[2] == "+0.015 (+0.010, +0.020)" and floor[3].startswith("[") and floor[6] == "–"  # no verdict
+    assert "| variant ntp-init | the recipe as is (init_seed_offset 1000) |" in text
+    assert (synth / "plots" / "quality_differences.png").stat().st_size > 1000
+    summary = pd.read_csv(synth / "summary.csv").set_index("run")
+    assert list(summary.loc[["ntp-init-s1", "ntp-data-s1"], ["seed", "init_seed", "data_seed"]].itertuples(index=False)) \
+        == [(1, 1001, 1), (1, 1, 8)]
+    assert summary.loc["ntp-init-s1", "delta_heldout_loss"] == pytest.approx(0.02)
+    assert math.isnan(summary.loc["ntp-s0", "delta_heldout_loss"])
+
+
 def test_rerender_changes_no_byte(synth):
     report.render_report(synth)
     before = folder_snapshot(synth)
