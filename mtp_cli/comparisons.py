@@ -70,12 +70,22 @@ def estimate(r: ResultSet, c: Comparison, m: Metric) -> Estimate | str | None:
 
 
 def _flat(recipe: dict, objective: str | None = None) -> dict[str, object]:
-    """The recipe's settings as `section.key` (the run's own objective where its recipe has none)."""
-    out = {"mtp.objective": objective} if objective else {}
+    """The recipe's settings as `section.key`, keys added to the code since a run was stored taking their
+    defaults, as they did then; the objective is the run's own (run.json `objective`) where it has one."""
+    from mtp_cli.config import recipe_from_dict
+    from mtp_cli.errors import UserError
+
+    try:
+        recipe = recipe_from_dict(recipe).to_dict() if recipe else recipe
+    except (UserError, TypeError, ValueError):
+        pass
+    out = {}
     for section in SECTIONS:
         for key, value in (recipe.get(section) or {}).items():
             if key not in NOT_SETTINGS.get(section, ()):
                 out[f"{section}.{key}"] = value
+    if objective:
+        out["mtp.objective"] = objective
     return out
 
 

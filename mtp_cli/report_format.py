@@ -55,8 +55,8 @@ def fmt_estimate(m: Metric, e: Estimate | str | None, signed: bool = False) -> s
 
 
 def fmt_delta(m: Metric, e: Estimate | str | None) -> str:
-    """One cell for a Δ (the claims table): `Δ [95% over seeds]`, or with no interval over seeds the
-    evaluation-set interval, said so; "no signal (all 0)" when every value is 0."""
+    """One cell for a Δ (the claims table): `Δ [95% over seeds], detectable d`, or with no interval over
+    seeds the evaluation-set interval, said so; "no signal (all 0)" when every value is 0."""
     if isinstance(e, str) or e is None:
         return fmt_estimate(m, e)
     if e.all_zero:
@@ -64,7 +64,8 @@ def fmt_delta(m: Metric, e: Estimate | str | None) -> str:
     text = fmt(m, e.value, signed=True)
     over_seeds = interval(m, e.lo, e.hi)
     if over_seeds:
-        return f"{text} {over_seeds} over seeds"
+        detectable = f", detectable {fmt(m, e.detectable)}" if e.detectable is not None else ""
+        return f"{text} {over_seeds} over seeds{detectable}"
     items = interval(m, e.items_lo, e.items_hi)
     return f"{text} (no interval over seeds; evaluation-set noise only {items})" if items else text
 
