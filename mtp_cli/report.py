@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mtp_cli import claims, compare, plots, results
+from mtp_cli.checkpoint import write_json
 from mtp_cli.report_deltas import difference_tables
 from mtp_cli.report_format import NOT_MEASURED, fmt, fmt_delta, fmt_estimate, interval, seed_values, speed
 from mtp_cli.resultset import BEFORE, Metric, ResultSet, code_commit, load, values
@@ -386,15 +387,15 @@ def _our_conditions(r: ResultSet) -> str:
 
 
 
+RENDERED_BY = "REPORT.rendered.json"  # the report code's commit (not committed with the results: see .gitignore)
+
+
 def provenance(r: ResultSet) -> str:
-    """Which code produced the results and, when it differs, which code rendered them."""
+    """Which code produced the results. The code that rendered them goes to the sidecar (`RENDERED_BY`), so a
+    code change that does not change what the report says changes no byte of REPORT.md."""
     produced = r.results_commits
-    rendered = code_commit()
-    text = (f"Results produced at commit {', '.join(f'`{c[:12]}`' for c in produced)}" if produced
-            else "The commit that produced these results was not recorded")
-    if rendered and rendered not in produced:
-        text += f"; rendered by code at commit `{rendered[:12]}`"
-    return text + "."
+    return (f"Results produced at commit {', '.join(f'`{c[:12]}`' for c in produced)}." if produced
+            else "The commit that produced these results was not recorded.")
 
 
 def environment_section(r: ResultSet) -> Section:
@@ -402,7 +403,6 @@ def environment_section(r: ResultSet) -> Section:
     env = envs[0] if envs else {}
     started = sorted(run.run.get("started") for run in r.runs if run.run.get("started"))
     finished = sorted(run.run.get("finished") for run in r.runs if run.run.get("finished"))
-    rendered = code_commit()
     rows = [
         ["CPU", str(env.get("cpu", "?"))],
         ["cores / torch threads", f"{env.get('cpu_count', '?')} / {env.get('torch_threads', '?')}"],
@@ -411,7 +411,6 @@ def environment_section(r: ResultSet) -> Section:
         ["platform", str(env.get("platform", "?"))],
         ["device", ", ".join(sorted({str(run.run.get('device', '?')) for run in r.runs}))],
         ["git commit (results)", ", ".join(c[:12] for c in r.results_commits) or "unknown"],
-        ["git commit (report code)", (rendered or "unknown")[:12]],
         ["runs", f"{len(r.runs)} ({', '.join(r.variants)}), started {started[0] if started else '?'}, "
                  f"finished {finished[-1] if finished else '?'}"],
         ["recipe", f"{r.lock.get('recipe_name', r.dir.name)} ({r.lock.get('source', '?')}, "
@@ -544,6 +543,7 @@ def render_report(results_dir: str | Path, console: Console | None = None) -> Pa
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(head + body).rstrip() + "\n")
     tmp.replace(path)
+    write_json(r.dir / RENDERED_BY, {"report_code_commit": code_commit(), "results_commits": r.results_commits})
     if console is not None:
         if missing:
             console.print(missing, style="bold yellow", markup=False)

@@ -243,17 +243,20 @@ def test_rerender_of_todays_results_changes_no_byte(tmp_path):
     assert "noise floor: ntp s1 − s0" in text and "Incomplete" not in text
     assert "rendered" not in text.split("## Environment")[1]
     committed = (REPO / "results" / "quick" / "REPORT.md").read_text()
-    drop = lambda doc: [line for line in doc.splitlines() if "report code" not in line and "Results produced" not in line]  # noqa: E731
-    assert drop(text) == drop(committed)  # the committed REPORT.md is what its results render to
+    same = lambda doc: [line for line in doc.splitlines() if not line.startswith("Rendered by `mtp report")]  # noqa: E731
+    assert same(text) == same(committed)  # the committed REPORT.md is what its results render to (the copy's
+    # own folder name aside); no line names the rendering code, so a code commit forces no re-render
 
 
-def test_provenance_names_the_rendering_commit_only_when_it_differs(synth, monkeypatch):
-    monkeypatch.setattr(report, "code_commit", lambda: COMMIT)
-    text = report.render_report(synth).read_text()
-    assert f"Results produced at commit `{COMMIT[:12]}`." in text and "rendered by code" not in text
+def test_the_rendering_commit_goes_to_a_sidecar_not_into_report_md(synth, monkeypatch):
+    """A code change that does not change what the report says changes no byte of REPORT.md."""
     monkeypatch.setattr(report, "code_commit", lambda: "b" * 40)
-    text = report.render_report(synth).read_text()
-    assert f"Results produced at commit `{COMMIT[:12]}`; rendered by code at commit `bbbbbbbbbbbb`." in text
+    first = report.render_report(synth).read_text()
+    assert f"Results produced at commit `{COMMIT[:12]}`." in first and "b" * 12 not in first
+    assert json.loads((synth / report.RENDERED_BY).read_text())["report_code_commit"] == "b" * 40
+    monkeypatch.setattr(report, "code_commit", lambda: "d" * 40)
+    assert report.render_report(synth).read_text() == first
+    assert json.loads((synth / report.RENDERED_BY).read_text())["report_code_commit"] == "d" * 40
 
 
 def test_provenance_names_a_rerun_specbench_commit(synth, monkeypatch):
@@ -348,8 +351,9 @@ def test_committed_posthoc_report_has_the_before_row(tmp_path):
     now = training_flops(recipe_from_dict(stored["recipe"]))[0]
     assert now == stored["flops_per_token"] and "counted as it trained" not in text  # trained by the current code
     committed = (REPO / "results" / "cpu-posthoc" / "REPORT.md").read_text()
-    drop = lambda doc: [line for line in doc.splitlines() if "report code" not in line and "Results produced" not in line]  # noqa: E731
-    assert drop(text) == drop(committed)  # the committed REPORT.md is what its results render to
+    same = lambda doc: [line for line in doc.splitlines() if not line.startswith("Rendered by `mtp report")]  # noqa: E731
+    assert same(text) == same(committed)  # the committed REPORT.md is what its results render to (the copy's
+    # own folder name aside); no line names the rendering code, so a code commit forces no re-render
     # a run stored before the frozen trunk counted once (its backward counted too) is recounted in a note
     stored["flops_per_token"] = 3 * now
     run_json.write_text(json.dumps(stored))
