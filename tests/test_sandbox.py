@@ -256,25 +256,38 @@ def weakened(monkeypatch, line: str, instead: str) -> None:
 KILLED_BY_9 = "failed: sandbox child ended without a result (killed by signal 9)"
 
 
+def supervisor_exits(monkeypatch) -> list[int]:
+    """The exit status of each check's supervisor, as the harness reaps it, from now on."""
+    codes, finish = [], sandbox._finish
+
+    def recording(proc, *args):
+        finish(proc, *args)
+        codes.append(proc.returncode)
+
+    monkeypatch.setattr(sandbox, "_finish", recording)
+    return codes
+
+
 def test_killing_the_parent_or_everyone_leaves_the_harness_alive(problem, fence, token, monkeypatch):
     """kill(parent), kill(0) and kill(-1): the check returns only once the process is gone from /proc,
     even where the supervisor was killed (without namespaces the parent is the supervisor); kill(0)
-    reaches only the checked process (its own process group), so the supervisor still reports how it
-    ended. Control: with the child left in the supervisor's group, the same kill(0) takes the
-    supervisor with it (no report), and the harness still leaves nothing behind."""
+    reaches only the checked process (its own process group): the supervisor lives to report how it
+    ended. Control: with the child left in the supervisor's group, the same kill(0) kills the
+    supervisor, and the harness still leaves nothing behind."""
+    exits = supervisor_exits(monkeypatch)
     for each in {fence, weaker(fence, False, fence.seccomp)}:
         parent = check(problem, named(token, "posix.kill(posix.getppid(), 9)", "while True:", "    time.sleep(0.05)"),
                        each, QUICK_KILL)
         assert not parent["passed"] and with_comm(token) == [], each
         assert check(problem, named(token, "posix.kill(0, 9)"), each)["result"] == KILLED_BY_9
-        assert with_comm(token) == []
+        assert exits[-1] == 0 and with_comm(token) == []
         if each.namespaces or each.uid is not None:  # kill(-1) needs one of them to spare our own processes
             assert not check(problem, named(token, "posix.kill(-1, 9)", "return True"), each)["passed"]
             assert with_comm(token) == []
         assert check(problem, problem["canonical_solution"], each)["passed"]
     weakened(monkeypatch, "    os.setsid()  # its own session", "    pass  # ")
-    assert check(problem, named(token, "posix.kill(0, 9)"), fence)["result"] != KILLED_BY_9
-    assert with_comm(token) == []
+    assert not check(problem, named(token, "posix.kill(0, 9)"), fence)["passed"]
+    assert exits[-1] == -signal.SIGKILL and with_comm(token) == []
 
 
 def supervisor_of(pid: int) -> int | None:
@@ -293,11 +306,12 @@ def supervisor_of(pid: int) -> int | None:
 def test_a_killed_supervisor_leaves_no_process_behind(problem, fence, token):
     """The supervisor killed from outside mid-check (the checked code cannot do it where namespaces
     are on): the harness kills the check itself and returns only once its process is gone from /proc."""
+    patient = dataclasses.replace(LIMITS, time_grace_s=5.0)  # so that the check is still running when we kill
     for each in fences_that_promise_no_survivors(fence):
         returned = {}
 
         def run():
-            returned["result"] = check(problem, named(token, "while True:", "    time.sleep(0.05)"), each, QUICK_KILL)
+            returned["result"] = check(problem, named(token, "while True:", "    time.sleep(0.05)"), each, patient)
             returned["left"] = with_comm(token)
 
         runner = threading.Thread(target=run)
@@ -309,6 +323,7 @@ def test_a_killed_supervisor_leaves_no_process_behind(problem, fence, token):
         assert supervisor is not None, "the plant did not run: this test could not see a survivor"
         os.kill(supervisor, signal.SIGKILL)
         runner.join()
+        assert "result" in returned, "the check raised"
         assert not returned["result"]["passed"] and returned["left"] == [], each
 
 
