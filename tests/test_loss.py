@@ -262,7 +262,8 @@ def test_model_gradients_with_the_fused_loss_equal_the_plain_path(monkeypatch, t
         return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
     fused = grads()
-    monkeypatch.setattr(L, "linear_cross_entropy", lambda h, w, t: L.cross_entropy(torch.nn.functional.linear(h, w), t))
+    monkeypatch.setattr(L, "linear_cross_entropy",
+                        lambda h, w, t, total=None: L.cross_entropy(torch.nn.functional.linear(h, w), t, total))
     plain = grads()
     assert fused.keys() == plain.keys()
     for name in fused:  # the plain path's cross-entropy runs in fp32: agreement to fp32 precision
@@ -305,3 +306,35 @@ def test_lambda_schedule_edges():
     assert at_start.weight_at(0, 10) == 0.1
     never = MTPConfig(objective="sequential", lambda_=0.3, lambda_final=0.1, lambda_switch=1.0)
     assert [never.weight_at(s, 10) for s in range(10)] == [0.3] * 10
+
+
+# ---- ignored targets and the global normaliser (train._accumulate across ranks) ------------------------
+
+def test_valid_counts_per_offset():
+    y = torch.tensor([[1, L.IGNORE, 2, 3], [L.IGNORE, L.IGNORE, 4, L.IGNORE]])
+    assert L.valid_counts(y, 2).tolist() == [4, 3, 3]  # y[:, k:] of each offset k
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_a_given_total_divides_the_sum_over_valid_targets(monkeypatch, k):
+    """With `total` the fused loss and both its gradients are the plain path's sum over the valid
+    targets divided by it, ignored rows spread over several chunks."""
+    monkeypatch.setattr(L, "_CHUNK_ELEMENTS", 64 * V)
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(3, 50, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(V, 8, generator=g, dtype=torch.float64)
+    y = torch.randint(0, V, (3, 50), generator=g)
+    y[torch.rand(3, 50, generator=g) < 0.4] = L.IGNORE
+
+    def plain(h, w, y):
+        hk, yk = L.valid_positions(h, k), L.extra_targets(y, k)
+        per = torch.nn.functional.cross_entropy(torch.nn.functional.linear(hk, w).reshape(-1, V), yk.reshape(-1),
+                                                reduction="none")
+        return per.sum() / 37.5
+
+    fused = _loss_and_grads(lambda h, w, y: L.linear_offset_loss(h, w, y, k, total=37.5), h, w, y)
+    ref = _loss_and_grads(plain, h, w, y)
+    assert fused[0] == pytest.approx(ref[0], rel=1e-12)
+    assert torch.allclose(fused[1], ref[1], atol=1e-14) and torch.allclose(fused[2], ref[2], atol=1e-14)
+    with torch.no_grad():  # the plain path used without autograd (fp32 cross-entropy) gives the same value
+        assert float(L.linear_offset_loss(h, w, y, k, total=37.5)) == pytest.approx(ref[0], rel=1e-6)

@@ -48,7 +48,7 @@ def evaluate(model: MTPModel, batches: Iterable[tuple[torch.Tensor, torch.Tensor
     model.eval()
     for x, y in batches:
         x, y = x.to(device), y.to(device)
-        logits = model.all_logits(x)
+        logits = model(x)  # all_logits, through forward (an FSDP-sharded model gathers its root there)
         trunk_pred = logits[0].argmax(-1)
         n = y.numel()
         add("loss", L.cross_entropy(logits[0], y) * n, n)

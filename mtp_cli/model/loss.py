@@ -5,7 +5,12 @@ Extra prediction k (DeepSeek depth k, or Meta head k+1) at position i predicts t
 so it exists for positions i = 0..T-1-k: its logits are the first T-k positions and its targets
 are y[:, k:]. The last k positions carry no depth-k loss.
 
-L = L_main + (λ / D) · Σ_k L_k, each L_k the mean cross-entropy over its valid positions.
+L = L_main + (λ / D) · Σ_k L_k, each L_k the mean cross-entropy over its valid positions: those
+with a target, and whose target is not IGNORE (-100, F.cross_entropy's ignore_index). Each loss
+takes an optional `total`, the number its sum is divided by: by default the count of valid targets
+here; in training the count over the whole global batch (all ranks and micro-batches, divided by
+the world size, since DDP and FSDP average gradients over ranks), so that ranks holding different
+numbers of valid targets still give the gradient of the global mean (`valid_counts`).
 
 Training computes each cross-entropy from the normed hidden states and the unembedding weight in
 one step (`linear_cross_entropy`): a few hundred rows of logits at a time, with the gradient formed
@@ -30,40 +35,61 @@ def valid_positions(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits[:, : logits.shape[1] - k]
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy in nats, computed in fp32."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+IGNORE = -100  # a target that carries no loss
+
+
+def valid_counts(targets: torch.Tensor, n_extra: int) -> torch.Tensor:
+    """Valid targets (not IGNORE) of the next-token loss and of each extra prediction k = 1..n_extra:
+    an int64 tensor of n_extra + 1 counts."""
+    valid = targets != IGNORE
+    return torch.stack([valid[:, k:].sum() for k in range(n_extra + 1)])
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, total: float | None = None) -> torch.Tensor:
+    """Token cross-entropy in nats, computed in fp32: the mean over valid targets, or with `total`
+    their sum divided by it."""
+    flat, y = logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    if total is None:
+        return F.cross_entropy(flat, y, ignore_index=IGNORE)
+    return F.cross_entropy(flat, y, ignore_index=IGNORE, reduction="sum") / total
 
 
 _CHUNK_ELEMENTS = 1 << 21  # logits per chunk: 8 MB of fp32, about what stays in a CPU's L2/L3
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """mean_i CE(h_i · Wᵀ, y_i) with its gradient formed chunk by chunk in the forward pass:
-    dL/dlogits = (softmax − onehot) / N, then dL/dh = G·W and dL/dW = Gᵀ·h. The backward only scales
-    the stored gradients by the incoming one (so it is not twice differentiable)."""
+    """Σ_i CE(h_i · Wᵀ, y_i) / N over the valid rows, with its gradient formed chunk by chunk in the
+    forward pass: dL/dlogits = (softmax − onehot) / N (zero on ignored rows), then dL/dh = G·W and
+    dL/dW = Gᵀ·h. The backward only scales the stored gradients by the incoming one (so it is not
+    twice differentiable)."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        n, vocab = hidden.shape[0], weight.shape[0]
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, n: float) -> torch.Tensor:
+        vocab = weight.shape[0]
+        valid = targets != IGNORE
+        masked = not bool(valid.all())
+        targets = targets.clamp_min(0)  # an ignored row's class is any one: its loss and gradient are zeroed
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         chunk = max(64, _CHUNK_ELEMENTS // vocab)
         acc = torch.promote_types(hidden.dtype, torch.float32)  # softmax and sums in fp32 at least
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_weight else None
         total = torch.zeros((), dtype=acc, device=hidden.device)
-        for start in range(0, n, chunk):
-            h, y = hidden[start:start + chunk], targets[start:start + chunk]
+        for start in range(0, hidden.shape[0], chunk):
+            h, y, v = hidden[start:start + chunk], targets[start:start + chunk], valid[start:start + chunk]
             logits = (h @ weight.t()).to(acc)
             probs = torch.softmax(logits, dim=-1)
             rows = torch.arange(h.shape[0], device=h.device)
             p_target = probs[rows, y]
             nll = -torch.log(p_target)
-            far = p_target < 1e-30  # log of an underflowing probability: take the exact log-sum-exp instead
+            far = (p_target < 1e-30) & v  # log of an underflowing probability: take the exact log-sum-exp instead
             if bool(far.any()):
                 nll[far] = torch.logsumexp(logits[far], dim=-1) - logits[rows[far], y[far]]
-            total += nll.sum()
             probs[rows, y] = p_target - 1.0
+            if masked:
+                nll = torch.where(v, nll, 0.0)
+                probs.masked_fill_(~v[:, None], 0.0)
+            total += nll.sum()
             if need_hidden:
                 torch.mm(probs.to(h.dtype), weight, out=grad_hidden[start:start + chunk])
             if need_weight:
@@ -81,28 +107,31 @@ class _LinearCrossEntropy(torch.autograd.Function):
             raise RuntimeError("linear_cross_entropy: its hidden states or weight were modified in place "
                                "between forward and backward; the stored gradient no longer matches them")
         return (None if grad_hidden is None else grad_hidden * grad_output.to(grad_hidden.dtype),
-                None if grad_weight is None else grad_weight * grad_output.to(grad_weight.dtype), None)
+                None if grad_weight is None else grad_weight * grad_output.to(grad_weight.dtype), None, None)
 
 
-def linear_cross_entropy(normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """`cross_entropy(normed @ weight.T, targets)` without storing the logits. normed (..., d),
-    targets (...). Without autograd, under autocast (CUDA bf16, where the plain path's kernels are fused
-    already) or with ignored targets (-100), it is the plain path."""
+def linear_cross_entropy(normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         total: float | None = None) -> torch.Tensor:
+    """`cross_entropy(normed @ weight.T, targets, total)` without storing the logits. normed (..., d),
+    targets (...). Without autograd or under autocast (CUDA bf16, where the plain path's kernels are
+    fused already) it is the plain path."""
     needs_grad = torch.is_grad_enabled() and (normed.requires_grad or weight.requires_grad)
-    if not needs_grad or torch.is_autocast_enabled(normed.device.type) or bool((targets < 0).any()):
-        return cross_entropy(F.linear(normed, weight), targets)
-    return _LinearCrossEntropy.apply(normed.reshape(-1, normed.shape[-1]), weight, targets.reshape(-1))
+    if not needs_grad or torch.is_autocast_enabled(normed.device.type):
+        return cross_entropy(F.linear(normed, weight), targets, total)
+    n = float((targets != IGNORE).sum()) if total is None else float(total)
+    return _LinearCrossEntropy.apply(normed.reshape(-1, normed.shape[-1]), weight, targets.reshape(-1), n)
 
 
-def linear_offset_loss(normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+def linear_offset_loss(normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, k: int,
+                       total: float | None = None) -> torch.Tensor:
     """`offset_loss` from normed hidden states and the unembedding weight (see linear_cross_entropy)."""
     normed, targets = _aligned(normed, targets, k)
-    return linear_cross_entropy(normed, weight, targets)
+    return linear_cross_entropy(normed, weight, targets, total)
 
 
-def offset_loss(logits: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+def offset_loss(logits: torch.Tensor, targets: torch.Tensor, k: int, total: float | None = None) -> torch.Tensor:
     """Cross-entropy of prediction k (0 = next token) given logits over all T positions or T-k."""
-    return cross_entropy(*_aligned(logits, targets, k))
+    return cross_entropy(*_aligned(logits, targets, k), total)
 
 
 def _aligned(per_position: torch.Tensor, targets: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -108,11 +108,17 @@ class MTPModel(nn.Module):
         hidden, extras = self._hidden_states(idx)
         return [self.trunk.head(hidden)] + [self.extra_logits(k, h) for k, h in enumerate(extras, 1)]
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor, lam: float | None = None) -> Output:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, lam: float | None = None,
+                totals: list[float] | None = None) -> Output | list[torch.Tensor]:
+        """The losses (targets given; `totals`: what each loss k = 0..D divides its sum by, see
+        model/loss.py), or without targets `all_logits` (so that FSDP's hooks on this root module run)."""
+        if targets is None:
+            return self.all_logits(idx)
         hidden, extras = self._hidden_states(idx)
         weight = self.trunk.unembed_weight
-        loss_main = L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets)
-        loss_extra = [L.linear_offset_loss(self.extra_normed(k, h), weight, targets, k)
+        totals = totals or [None] * (len(extras) + 1)
+        loss_main = L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets, totals[0])
+        loss_extra = [L.linear_offset_loss(self.extra_normed(k, h), weight, targets, k, totals[k])
                       for k, h in enumerate(extras, 1)]
         lam = self.mtp_cfg.weight if lam is None else lam
         return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
@@ -152,10 +158,11 @@ class MTPModel(nn.Module):
 
 
 def parallel_backward(model: MTPModel, idx: torch.Tensor, targets: torch.Tensor, lam: float,
-                      scale: float = 1.0) -> Output:
+                      scale: float = 1.0, totals: list[float] | None = None) -> Output:
     """Meta's memory-efficient step: the trunk runs once; each head (head 1 = the trunk's last block)
     does forward+backward in turn, its gradient accumulated at the shared state, so only one head's
-    logits are alive at once. Calls .backward() itself; returns detached losses."""
+    logits are alive at once. Calls .backward() itself; returns detached losses (`totals` as in
+    `MTPModel.forward`)."""
     trunk, T = model.trunk, idx.shape[1]
     x = trunk.embed_tokens(idx)
     rope = trunk.rope(T, idx.device, x.dtype)
@@ -165,9 +172,10 @@ def parallel_backward(model: MTPModel, idx: torch.Tensor, targets: torch.Tensor,
     heads = [trunk.layers[trunk.n_layers - 1], *model.mtp]
     weight = L.extra_weight(lam, len(model.mtp))
     losses = []
+    totals = totals or [None] * len(heads)
     for k, head in enumerate(heads):
         h = head(shared_leaf, cos, sin)
-        loss_k = L.linear_offset_loss(trunk.norm(h), trunk.unembed_weight, targets, k)
+        loss_k = L.linear_offset_loss(trunk.norm(h), trunk.unembed_weight, targets, k, totals[k])
         ((1.0 if k == 0 else weight) * scale * loss_k).backward()
         losses.append(loss_k.detach())
     shared.backward(shared_leaf.grad)
