@@ -89,13 +89,14 @@ def make_source(ab, show_progress: bool = True) -> Path:
     from mtp_cli import ablate
     from mtp_cli.config import load_recipe
     from mtp_cli.model.hf import ensure_export
+    from mtp_cli.checkpoint import has_checkpoint
 
     s = ab.recipe.source
     src = load_recipe(s.recipe)
     variant = next(v for v in src.grid_variants() if v.name == s.variant)
     run_dir = source_run_dir(ab.results_dir, ab.recipe)
     cell = ablate.Cell(variant, s.seed, src.for_run(variant, s.seed), run_dir)
-    if not results.train_done(results.RunFolder(run_dir), cell.recipe) or not (run_dir / "checkpoint.pt").is_file():
+    if not results.train_done(results.RunFolder(run_dir), cell.recipe) or not has_checkpoint(run_dir):
         view = ablate.GridView(ab, [(cell, ["train"])], disable=not show_progress)
         with view.progress:
             view.start(cell, "train")

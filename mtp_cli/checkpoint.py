@@ -4,6 +4,7 @@ Layout of a run folder:
     run.json        config, parameter counts, environment, status, final metrics
     metrics.jsonl   one JSON object per logged step (and validation rows)
     checkpoint.pt   model + optimizer state at the last saved step
+    sharded/        instead of checkpoint.pt in train.parallel = "fsdp" runs: DCP shards (sharded_checkpoint.py)
     tokenizer/      the run's tokenizer (Hugging Face format)
 """
 
@@ -55,8 +56,49 @@ def save_checkpoint(run_dir: Path, model: MTPModel, optimizer: torch.optim.Optim
     os.replace(tmp, run_dir / CHECKPOINT)
 
 
-def load_checkpoint(run_dir: Path) -> dict:
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether the run folder holds a checkpoint (checkpoint.pt, or an FSDP run's sharded one)."""
+    from mtp_cli import sharded_checkpoint
+
+    return (Path(run_dir) / CHECKPOINT).is_file() or sharded_checkpoint.exists(run_dir)
+
+
+def checkpoint_stamp(run_dir: Path) -> dict:
+    """Size and modification time of what a new save replaces (to tell whether an export is stale)."""
+    from mtp_cli import sharded_checkpoint
+
     path = Path(run_dir) / CHECKPOINT
+    if not path.is_file() and sharded_checkpoint.exists(run_dir):
+        return sharded_checkpoint.stamp(run_dir)
+    st = path.stat()
+    return {"checkpoint_size": st.st_size, "checkpoint_mtime_ns": st.st_mtime_ns}
+
+
+def _load_sharded(run_dir: Path) -> dict:
+    """A sharded checkpoint read whole, in the shape of checkpoint.pt's dict (no optimizer state)."""
+    from mtp_cli import sharded_checkpoint
+
+    state = sharded_checkpoint.load_extra(run_dir)
+    if not isinstance(state, dict) or "recipe" not in state:
+        raise UserError(f"sharded checkpoint in {run_dir} is corrupt: missing its recipe")
+    recipe = recipe_from_dict(state["recipe"])
+    template = MTPModel(recipe.model, recipe.mtp).state_dict()
+    try:
+        model = sharded_checkpoint.load_full(run_dir, template)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"sharded checkpoint in {run_dir} does not match its recipe or is corrupt "
+                        f"({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]})") from None
+    return {**state, "model": model, "optimizer": None}
+
+
+def load_checkpoint(run_dir: Path) -> dict:
+    from mtp_cli import sharded_checkpoint
+
+    path = Path(run_dir) / CHECKPOINT
+    if not path.is_file() and sharded_checkpoint.exists(run_dir):
+        return _load_sharded(Path(run_dir))
     if not path.is_file():
         raise UserError(f"no checkpoint in {run_dir} (expected {path.name}; train it with `mtp train --out {run_dir}`)")
     try:

@@ -57,6 +57,9 @@ def train(
     freeze_trunk: Optional[bool] = typer.Option(None, "--freeze-trunk/--no-freeze-trunk",
                                                 help="Train only the MTP modules (with --init-from)."),
     track: Optional[str] = typer.Option(None, help="Also log to tensorboard | wandb | none (recipe: train.track)."),
+    fsdp: Optional[bool] = typer.Option(None, "--fsdp/--ddp", help="Under torchrun, shard the model, gradients and "
+                                        "optimizer state over the processes (FSDP2, sharded checkpoints) instead of "
+                                        "replicating them (DDP, the default; recipe: train.parallel)."),
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
     from mtp_cli import checkpoint as ckpt
@@ -88,6 +91,8 @@ def train(
                compile=compile, freeze_trunk=freeze_trunk, track=track)
     if data:
         r.override("data", source="files", paths=list(data))
+    if fsdp is not None:
+        r.override("train", parallel="fsdp" if fsdp else "ddp")
     r.validate()
     out = outputs.folder(out or Path("runs") / trainer.default_run_name(r), "--out")
     if resume and not (out / ckpt.RUN_JSON).is_file():

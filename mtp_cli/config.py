@@ -26,6 +26,7 @@ SCHEDULES = ("cosine", "wsd")
 EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
 SPEC_PROMPTS = ("humaneval", "gsm8k")
 TRACKERS = ("none", "tensorboard", "wandb")
+PARALLEL = ("ddp", "fsdp")  # train.parallel: how torchrun's processes share the model (mtp_cli/parallel.py)
 LAUNCHERS = ("local", "slurm")
 VARIANT_SECTIONS = ("model", "mtp", "data", "train")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -205,6 +206,7 @@ class TrainConfig:
     init_from: str = ""  # a checkpoint the trunk starts from: folder, Hub id, .gguf file or short name; "" = random init
     freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
     track: str = "none"  # none | tensorboard | wandb: also log the metrics there (rank 0)
+    parallel: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (sharded: FSDP2 + DCP checkpoints)
 
     @property
     def order_seed(self) -> int:
@@ -227,6 +229,8 @@ class TrainConfig:
             raise UserError(f"unknown train.device {self.device!r}; choose auto, cpu or cuda")
         if self.track not in TRACKERS:
             raise UserError(f"unknown tracker {self.track!r} (--track / train.track); choose one of {', '.join(TRACKERS)}")
+        if self.parallel not in PARALLEL:
+            raise UserError(f"unknown train.parallel {self.parallel!r}; choose one of {', '.join(PARALLEL)}")
 
 
 @dataclass

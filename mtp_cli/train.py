@@ -27,13 +27,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtp_cli import checkpoint as ckpt
-from mtp_cli import env, run_clock, tracking, ui
+from mtp_cli import env, parallel, run_clock, sharded_checkpoint, tracking, ui
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout
 from mtp_cli.model import MTPModel, parallel_backward, pretrained
+from mtp_cli.model import loss as L
 from mtp_cli.model.trunk import compile_blocks
 from mtp_cli.schedule import lr_at
 from mtp_cli.decode.draft_vocab import count_tokens
@@ -119,6 +120,7 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
         for name in (ckpt.CHECKPOINT, ckpt.RUN_JSON, ckpt.METRICS, ckpt.CHECKPOINT + ".tmp"):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / ckpt.TOKENIZER, ignore_errors=True)
+        sharded_checkpoint.remove(out)
         return False
     stored = ckpt.read_json(run_json).get("recipe", {})
     try:  # keys added to the recipe since the run was stored take their defaults, as they did then
@@ -139,7 +141,7 @@ def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool
         if was != now:
             raise UserError(f"output folder {out} holds a different run ({_setting_diff(section, was, now)}); "
                             f"to continue it, give only the flags it was trained with (or none), or use another --out")
-    return (out / ckpt.CHECKPOINT).is_file()
+    return ckpt.has_checkpoint(out)
 
 
 def _effective_data_seed(train: dict) -> dict:
@@ -209,6 +211,29 @@ def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8)
 
 
+def _load_state(out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, kind: str) -> tuple[dict, Path]:
+    """Load the run's last checkpoint into the model and optimizer: an FSDP run's sharded one (on every
+    rank, saved at any world size) or checkpoint.pt. Returns the checkpoint's other entries and its path."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    fsdp = kind == parallel.FSDP
+    where = out / (sharded_checkpoint.FOLDER if fsdp else ckpt.CHECKPOINT)
+    if fsdp and not sharded_checkpoint.exists(out):
+        raise UserError(f"{out} holds no sharded checkpoint ({where / sharded_checkpoint.LATEST} missing); "
+                        "delete the run's checkpoint or use --force")
+    try:
+        if fsdp:
+            return sharded_checkpoint.load_train_state(out, model, optimizer), where
+        state = ckpt.load_checkpoint(out)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        return state, where
+    except (RuntimeError, ValueError, KeyError, TypeError, CheckpointException) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"checkpoint {where} does not match this run's recipe "
+                        f"({type(exc).__name__}: {first}); delete it or use --force") from None
+
+
 def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: torch.device, step: int) -> dict:
     batches = shards.val_batches(data.val, recipe.train.eval_batches, recipe.train.batch_size, recipe.model.context)
     scores = heldout.evaluate(model, batches, device)
@@ -218,7 +243,9 @@ def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: to
 def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = False,
           show_progress: bool = True) -> dict:
     """Train one run into `out`; returns the run summary (also written to out/run.json). With
-    train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`)."""
+    train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`).
+    Under torchrun, train.parallel = "fsdp" shards the model (mtp_cli/parallel.py) and its checkpoints
+    (mtp_cli/sharded_checkpoint.py); "ddp" replicates it."""
     segment_t0 = time.perf_counter()
     recipe.validate()
     t = recipe.train
@@ -263,19 +290,22 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         pretrained.init_model(model, source)
     if t.freeze_trunk:
         model.freeze_trunk()
+    fsdp = parallel.sharded(t.parallel, ddp.world)
+    if t.compile:  # each block, before any sharding (as torchtitan does)
+        compile_blocks(model)
+    if fsdp:  # before the optimizer, which then holds the local shards
+        parallel.fully_shard_model(model, device, ddp.world)
     model = model.to(device)
     optimizer = _optimizer(model, recipe)
     start_step, clock_state = 0, None
     if do_resume:
-        state = ckpt.load_checkpoint(out)
+        state, where = _load_state(out, model, optimizer, t.parallel)
         clock_state = state.get(run_clock.CHECKPOINT_KEY)
         try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
             start_step = int(state["step"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"checkpoint {out / ckpt.CHECKPOINT} does not match this run's recipe "
-                            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0]}); delete it or use --force") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"checkpoint {where} does not match this run's recipe "
+                            f"({type(exc).__name__}: {exc}); delete it or use --force") from None
         stored = ckpt.read_json(out / ckpt.RUN_JSON)
         if start_step >= t.steps and stored.get("status") == "done" and stored.get("step") == start_step:
             return stored  # finished already: nothing to train, nothing rewritten (run.json keeps its numbers)
@@ -284,14 +314,13 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         data.tokenizer.save_pretrained(out / ckpt.TOKENIZER)
 
     amp_dtype = env.autocast_dtype(device)
-    autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if amp_dtype else contextlib.nullcontext
+    autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if amp_dtype and not fsdp else contextlib.nullcontext
     peak = t.peak_flops or env.matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data))
     fpt = flops_per_token(model, recipe.model.context)
-    mem_efficient = recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient and not t.freeze_trunk
+    # the head-at-a-time backward reads the root's parameters outside its forward: not under FSDP
+    mem_efficient = recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient and not t.freeze_trunk and not fsdp
     forward_model: nn.Module = model
-    if t.compile:
-        compile_blocks(model)
-    if ddp.world > 1:
+    if ddp.world > 1 and not fsdp:
         forward_model = DDP(forward_model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
 
     counts = model.param_counts()
@@ -302,7 +331,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         "data": {"key": data.key, "train_tokens": len(data.train), "val_tokens": len(data.val),
                  "val_bytes": data.n_bytes_val, "documents": data.n_docs, "tokenizer": recipe.data.tokenizer,
                  "tokenizer_size": len(data.tokenizer)},
-        "world_size": ddp.world, "device": str(device), "flops_per_token": fpt, "peak_flops": peak,
+        "world_size": ddp.world, "parallel": t.parallel, "device": str(device), "flops_per_token": fpt,
+        "peak_flops": peak,
         "env": env.hardware(), "git_commit": env.git_commit(),
         **({"init_from": source.record()} if source is not None else {}),
     }
@@ -313,9 +343,14 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
 
     tok_fp = toklib.fingerprint(data.tokenizer)
     counts = count_tokens(data.train, recipe.model.vocab_size)  # the drafters' vocabulary (decode/draft_vocab.py)
-    save = lambda step: ckpt.save_checkpoint(out, model, optimizer, step, recipe,  # noqa: E731
-                                             {"tokenizer_fingerprint": tok_fp, "token_counts": counts,
-                                              run_clock.CHECKPOINT_KEY: clock.state()})
+
+    def save(step: int) -> None:  # rank 0 writes checkpoint.pt; every rank writes its shards of a sharded one
+        extra = {"tokenizer_fingerprint": tok_fp, "token_counts": counts, run_clock.CHECKPOINT_KEY: clock.state()}
+        if t.parallel == parallel.FSDP:
+            sharded_checkpoint.save(out, model, optimizer, step, {"recipe": recipe.to_dict(), **extra})
+        elif ddp.main:
+            ckpt.save_checkpoint(out, model, optimizer, step, recipe, extra)
+
     metrics_file = open(out / ckpt.METRICS, "a") if ddp.main else None
     tracker = tracking.open_tracker(recipe, out, start_step if do_resume else None, new_run=not do_resume) \
         if ddp.main else None
@@ -324,6 +359,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     step = start_step
     model.train()
     peak_memory_kind = env.reset_peak_memory(device)
+    state_mb = None
     bar = ui.progress(disable=not (show_progress and ddp.main))
     stop = {"requested": False, "hard": False}
     try:
@@ -343,11 +379,13 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                 if not all(math.isfinite(v) for v in losses.values()):
                     raise UserError(f"loss is {losses['loss']} at step {step + 1}: training stopped, the last good "
                                     f"checkpoint in {out} is kept (lower the learning rate?)")
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
+                grad_norm = parallel.clip_grad_norm(model.parameters(), t.grad_clip)
                 if not math.isfinite(grad_norm):
                     raise UserError(f"gradient norm is {grad_norm} at step {step + 1}: training stopped, the last good "
                                     f"checkpoint in {out} is kept")
                 optimizer.step()
+                if state_mb is None:  # parameters, gradients and AdamW state, as held after the first step
+                    state_mb = parallel.state_bytes(model, optimizer) / 2**20
                 optimizer.zero_grad(set_to_none=True)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
@@ -368,7 +406,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                 if tracker:
                     for r in rows:
                         tracker.log(r)
-                if ddp.main and (step % t.ckpt_every == 0 or step == t.steps):
+                if step % t.ckpt_every == 0 or step == t.steps:
                     save(step)
                 info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
                 bar.update(task, completed=step, info=info + f" {tokens_per_step / dt:,.0f} tok/s",
@@ -388,7 +426,13 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         if tracker:
             tracker.close()
 
-    final = last_val or (_val_row(model, data, recipe, device, step) if ddp.main else {})
+    final = last_val or (_val_row(model, data, recipe, device, step) if ddp.main or fsdp else {})
+    memory = {"peak_memory_mb": env.peak_memory_mb(device), "state_mb": state_mb}
+    if ddp.world > 1:  # every rank's figures: under FSDP each holds its own share
+        ranks: list = [None] * ddp.world
+        dist.all_gather_object(ranks, memory)
+        memory.update({"peak_memory_mb_per_rank": [r["peak_memory_mb"] for r in ranks],
+                       "state_mb_per_rank": [r["state_mb"] for r in ranks]})
     median = clock.median_step_time()
     achieved = fpt * tokens_per_step / median / ddp.world if median else None
     peak_note = None
@@ -406,7 +450,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
             "tokens_per_s_median": tokens_per_step / median if median else None,
             "flops_per_s_median": achieved,
             "mfu_median": mfu(achieved, peak) if achieved else None,
-            "peak_memory_mb": env.peak_memory_mb(device),
+            **memory,
             "peak_memory_kind": peak_memory_kind,
         },
     })
@@ -427,32 +471,40 @@ def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: Dist) -
 
 def _accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,
                 accum: int, mem_efficient: bool, ddp: Dist, autocast) -> dict[str, float]:
-    """Forward+backward over `accum` micro-batches; returns the mean losses of the step."""
-    totals: dict[str, float] = {}
+    """Forward+backward over `accum` micro-batches; returns the step's losses. Each loss (main, and each
+    extra k) is its sum over this rank's valid targets divided by the count of valid targets in the
+    whole global batch (every rank's micro-batches) over the world size: DDP and FSDP average the
+    gradients over ranks, so the gradient is that of the global mean even when ranks hold different
+    numbers of valid targets (model/loss.py), and the logged losses, averaged over ranks, are its value."""
+    counts = L.valid_counts(y, model.n_extra).double()
+    if ddp.world > 1:
+        dist.all_reduce(counts)
+    totals = [max(c, 1.0) / ddp.world for c in counts.tolist()]
+    sums: dict[str, float] = {}
     for i, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
         last = i == accum - 1
         sync_ctx = forward_model.no_sync if (isinstance(forward_model, DDP) and (not last or mem_efficient)) else contextlib.nullcontext
         with sync_ctx(), autocast():
             if mem_efficient:
-                out = parallel_backward(model, xm, ym, lam, scale=1.0 / accum)
+                out = parallel_backward(model, xm, ym, lam, totals=totals)
             else:
-                out = forward_model(xm, ym, lam)
-                (out.loss / accum).backward()
+                out = forward_model(xm, ym, lam, totals)
+                out.loss.backward()
         parts = {"loss": out.loss.detach(), "loss_main": out.loss_main.detach(),
                  **{f"loss_mtp_{k}": v.detach() for k, v in enumerate(out.loss_extra, 1)}}
         for key, value in parts.items():
-            totals[key] = totals.get(key, 0.0) + float(value) / accum
+            sums[key] = sums.get(key, 0.0) + float(value)
     if ddp.world > 1:
         if mem_efficient:  # the one-head-at-a-time backward ran outside DDP's hooks: average by hand
             for p in model.parameters():
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
                     p.grad /= ddp.world
-        keys = sorted(totals)
-        vec = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
+        keys = sorted(sums)
+        vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=y.device)
         dist.all_reduce(vec)
-        totals = {k: float(v) / ddp.world for k, v in zip(keys, vec)}
-    return totals
+        sums = {k: float(v) / ddp.world for k, v in zip(keys, vec)}
+    return sums
 
 
 def _architecture_note(recipe: Recipe, model: MTPModel) -> str:

@@ -303,8 +303,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     real_forward = MTPModel.forward
     calls = {"n": 0}
 
-    def forward_nan_at_step_4(self, idx, targets, lam=None):
-        out = real_forward(self, idx, targets, lam)
+    def forward_nan_at_step_4(self, idx, targets, lam=None, totals=None):
+        out = real_forward(self, idx, targets, lam, totals)
         calls["n"] += 1
         if calls["n"] == 4:
             out.loss = out.loss * float("nan")
@@ -324,7 +324,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 def test_inf_gradient_stops_before_the_optimizer_step(tmp_path, monkeypatch):
     recipe = micro_recipe("ntp", steps=4)
     recipe.train.ckpt_every = 1
-    real = torch.nn.utils.clip_grad_norm_
+    from mtp_cli import parallel
+
+    real = parallel.clip_grad_norm
     calls = {"n": 0}
 
     def clip_inf_at_step_3(params, max_norm, *a, **k):
@@ -334,7 +336,7 @@ def test_inf_gradient_stops_before_the_optimizer_step(tmp_path, monkeypatch):
             params[0].grad.fill_(float("inf"))
         return real(params, max_norm, *a, **k)
 
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_inf_at_step_3)
+    monkeypatch.setattr(parallel, "clip_grad_norm", clip_inf_at_step_3)
     with pytest.raises(UserError, match="step 3"):
         run(recipe, tmp_path / "r")
     state = torch.load(tmp_path / "r" / ckpt.CHECKPOINT, weights_only=True)

@@ -103,10 +103,9 @@ def generation_config(tokenizer) -> GenerationConfig:
 
 
 def _source_stamp(run_dir: str | Path) -> dict:
-    from mtp_cli.checkpoint import CHECKPOINT
+    from mtp_cli.checkpoint import checkpoint_stamp
 
-    st = (Path(run_dir) / CHECKPOINT).stat()
-    return {"checkpoint_size": st.st_size, "checkpoint_mtime_ns": st.st_mtime_ns}
+    return checkpoint_stamp(Path(run_dir))
 
 
 def ensure_export(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
