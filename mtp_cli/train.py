@@ -254,6 +254,10 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     source = pretrained.resolve_recipe(recipe) if t.init_from else None
     tracking.require(t.track)
     ddp = init_distributed(t.device)
+    if source is not None and ddp.main:
+        ui.console.print(f"context: training at {recipe.model.context:,} tokens ({t.init_from} has "
+                         f"{source.model.context:,} positions; set model.context in a recipe for another)",
+                         markup=False, highlight=False, soft_wrap=True)
     device = torch.device(f"cuda:{ddp.local_rank}") if env.pick_device(t.device).type == "cuda" else torch.device("cpu")
     per_rank, rem = divmod(t.batch_size, ddp.world * t.grad_accum)
     if rem or per_rank < 1:

@@ -158,6 +158,27 @@ def test_recipe_resolution(checkpoints):
         pretrained.resolve_recipe(recipe, given={"context"})
 
 
+def test_the_context_is_the_shorter_of_the_default_and_the_checkpoint(checkpoints, monkeypatch):
+    """Not given: min(INIT_CONTEXT, max positions), never a checkpoint's whole (possibly 8,192) context;
+    given: kept, at most the checkpoint's."""
+    from mtp_cli.config import Recipe, load_recipe
+
+    assert pretrained.INIT_CONTEXT == load_recipe("quick").model.context  # "the default recipe's context"
+    folder = checkpoints["llama-tied"]  # 128 positions
+    for init_context, expected in ((1024, 128), (64, 64)):
+        monkeypatch.setattr(pretrained, "INIT_CONTEXT", init_context)
+        recipe = Recipe()
+        recipe.train.init_from = str(folder)
+        recipe.model.context = 100  # a recipe default, not given
+        pretrained.resolve_recipe(recipe, given=set())
+        assert recipe.model.context == expected
+    recipe = Recipe()
+    recipe.train.init_from = str(folder)
+    recipe.model.context = 96
+    pretrained.resolve_recipe(recipe, given={"context"})
+    assert recipe.model.context == 96
+
+
 def test_unsupported_and_missing_sources(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -397,6 +418,7 @@ def test_cli_train_init_from_uses_the_checkpoint(checkpoints, tmp_path, capsys, 
                                 "weights_sha256": pretrained.weights_hash(folder)}
     model = run["recipe"]["model"]
     assert (model["n_layers"], model["d_model"], model["n_kv_heads"], model["qkv_bias"], model["context"]) == (2, 64, 2, True, 32)
+    assert "context: training at 32 tokens" in err and "has 128 positions" in err
     assert run["data"]["tokenizer_size"] == len(toklib.load(folder))
 
 

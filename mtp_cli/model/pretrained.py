@@ -9,7 +9,10 @@ like any other). Accepted: `LlamaForCausalLM` (Llama 3.x, SmolLM2, TinyLlama) an
 Everything else is refused in one line naming what is unsupported.
 
 `resolve_recipe` makes a recipe's `[model]` the checkpoint's (a given value that contradicts it is
-an error, except a shorter training context); `init_model` loads the trunk into an `MTPModel` and
+an error, except a shorter training context). The training context is the recipe's `model.context`
+when it sets one (no longer than the checkpoint's maximum positions), else min(INIT_CONTEXT, that
+maximum), so a checkpoint's 8,192 positions do not silently make each step 8 times the default
+recipe's; `mtp train` prints the context it trains at. `init_model` loads the trunk into an `MTPModel` and
 starts its MTP modules the way the references do when they add modules to a trained model:
 a parallel head (Meta) or a sequential module's block (DeepSeek-V3 style, as FastMTP does) is a copy
 of the trunk's last block, a module's final norm a copy of the trunk's final norm, enorm/hnorm are
@@ -35,6 +38,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 SOURCE_KEYS = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "ffn_hidden", "rope_theta", "norm_eps",
                "tie_embeddings", "qkv_bias", "rope_scaling")
 _HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
+INIT_CONTEXT = 1024  # the default recipe's (quick's) context: --init-from trains at it unless the recipe asks for another
 
 
 @dataclass
@@ -206,7 +210,8 @@ def load_trunk(source: str | Path):
 def resolve_recipe(recipe: Recipe, given: set[str] | None = None) -> Source:
     """Make `recipe.model` the checkpoint's. `given`: the [model] keys the user set (a recipe's or a
     variant's); None = every key is taken as given, i.e. the recipe must already agree. The training
-    context is the given one if shorter, else the checkpoint's. Also points data.tokenizer at the source."""
+    context is the given one (at most the checkpoint's), else min(INIT_CONTEXT, the checkpoint's). Also
+    points data.tokenizer at the source."""
     src = read_source(recipe.train.init_from)
     mine, theirs = recipe.model, src.model
     keys = set(SOURCE_KEYS) | {"context"} if given is None else given
@@ -217,7 +222,7 @@ def resolve_recipe(recipe: Recipe, given: set[str] | None = None) -> Source:
         if a != b:
             raise UserError(f"model.{key} = {a!r} contradicts --init-from {src.name} ({key} = {b!r}); "
                             f"drop it from the recipe (the checkpoint decides the architecture)")
-    context = theirs.context
+    context = min(INIT_CONTEXT, theirs.context)
     if "context" in keys:
         if mine.context > theirs.context:
             raise UserError(f"model.context = {mine.context} is longer than --init-from {src.name} was trained for "
