@@ -98,6 +98,15 @@ def test_shipped_offline_recipes_plan(recipe, tmp_path, capsys, monkeypatch):
     assert "total" in out
 
 
+def test_the_fsdp_recipe_plans_offline(tmp_path, capsys, monkeypatch):
+    """gpu-1b (online, CUDA, untested on GPU) passes --dry-run here: its source is only noted as not cached."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = mtp("ablate", "--recipe", "gpu-1b", "--dry-run", "--results-root", tmp_path / "res",
+                         "--gsm8k-data", REPO / "tests" / "data" / "gsm8k", capsys=capsys)
+    assert code == 0, err
+    assert "parallel n=4" in out and "total" in out
+
+
 def test_ablate_dry_run_checks_the_output_folder(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     code, _, err = mtp("ablate", "--recipe", "quick", "--dry-run", "--results-root", tmp_path / "file", capsys=capsys)
