@@ -4,7 +4,8 @@
 Fast: with 2 processes and a batch whose ranks hold different numbers of valid targets (for the main
 loss and for every depth), DDP and FSDP give every parameter the gradient of one process on the whole
 batch (tests/fsdp_worker.py), where per-rank means would not; a save killed with SIGKILL leaves the
-last good checkpoint. Slow: `torchrun -m mtp_cli train --fsdp` for NTP, sequential D=2 and parallel
+last good checkpoint; --fsdp in one process writes DCP checkpoints; docs/cluster.md's memory table is
+the formula's. Slow: `torchrun -m mtp_cli train --fsdp` for NTP, sequential D=2 and parallel
 n=3 logs the same losses over 5 steps as one process; its checkpoint resumes at another world size
 (2 -> 1 and 1 -> 2); a frozen trunk trains under FSDP; `mtp export` reads the shards.
 """
@@ -183,6 +184,24 @@ def test_fsdp_flag_in_one_process_writes_a_sharded_checkpoint_that_resumes(tmp_p
     recipe.train.parallel = "zero"
     with pytest.raises(UserError, match="unknown train.parallel 'zero'; choose one of ddp, fsdp"):
         recipe.validate()
+
+
+# ---- fast: docs/cluster.md's memory table is the formula's ------------------------------------------------
+
+def test_the_memory_table_in_the_docs_is_computed_from_the_parameter_count():
+    from mtp_cli.parallel import state_bytes_per_rank
+
+    assert state_bytes_per_rank(1e9, 1, "ddp") == 16e9 and state_bytes_per_rank(1e9, 8, "fsdp") == 2e9
+    assert state_bytes_per_rank(1e9, 1, "ddp", trained=0) == 4e9  # a frozen parameter: its fp32 weight only
+    doc = (REPO / "docs" / "cluster.md").read_text()
+    rows = {"SmolLM2-135M": (135e6, None), "gpu-350m": (345e6, None), "TinyLlama-1.1B (gpu-1b)": (1.1e9, None),
+            "TinyLlama-1.1B frozen + one sequential module": (1.1e9 + 52e6, 52e6),
+            "Llama-2-7B": (6.74e9, None), "Llama-2-13B": (13.0e9, None)}
+    for name, (params, trained) in rows.items():
+        cells = [state_bytes_per_rank(params, 1, "ddp", trained)]
+        cells += [state_bytes_per_rank(params, world, "fsdp", trained) for world in (8, 64)]
+        text = " | ".join(f"{c / 1e9:.1f} GB" if c >= 1e9 else f"{c / 1e9:.2f} GB" for c in cells)
+        assert f"| {name} | {text} |" in doc, name
 
 
 # ---- slow: whole training runs under torchrun ----------------------------------------------------------
