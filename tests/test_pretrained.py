@@ -353,25 +353,25 @@ def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
     (tmp_path / "post.toml").write_text(post)
 
     dry = run_ablation("post.toml", dry_run=True)
-    assert dry.cells[0].recipe.train.init_from == str(Path("results/post/source/ntp-s0/export"))
+    assert dry.cells[0].recipe.train.init_from == str(Path("runs/results/post/source/ntp-s0/export"))
     assert dry.extra_stages == ["source", "baseline"]
     ab = run_ablation("post.toml", show_progress=False)
     assert not ab.failures, ab.failures
-    source_trunk = {k: v for k, v in load_checkpoint(tmp_path / "results/post/source/ntp-s0")["model"].items()
+    source_trunk = {k: v for k, v in load_checkpoint(tmp_path / "runs/results/post/source/ntp-s0")["model"].items()
                     if k.startswith("trunk.")}
-    baseline = json.loads((tmp_path / "results/post/baseline/eval.json").read_text())
+    baseline = json.loads((tmp_path / "runs/results/post/baseline/eval.json").read_text())
     for name in ("self-s0", "corpus-s0"):
-        run = tmp_path / "results/post/runs" / name
+        run = tmp_path / "runs/results/post/runs" / name
         trained = load_checkpoint(run)["model"]
         for key, tensor in source_trunk.items():
             assert torch.equal(trained[key], tensor), (name, key)
         assert json.loads((run / "specbench.json").read_text())["conditions"]
         run_json = json.loads((run / "run.json").read_text())
         assert run_json["init_from"]["weights_sha256"] == baseline["hf"]["weights_sha256"]
-    runs = {n: json.loads((tmp_path / f"results/post/runs/{n}-s0/run.json").read_text()) for n in ("self", "corpus")}
+    runs = {n: json.loads((tmp_path / f"runs/results/post/runs/{n}-s0/run.json").read_text()) for n in ("self", "corpus")}
     assert runs["self"]["recipe"]["data"]["source"] == "self" and runs["self"]["data"]["key"] != runs["corpus"]["data"]["key"]
     for name in ("corpus", "self"):  # the frozen trunk scores exactly as its source, on the same items
-        scores = json.loads((tmp_path / f"results/post/runs/{name}-s0/eval.json").read_text())["results"]
+        scores = json.loads((tmp_path / f"runs/results/post/runs/{name}-s0/eval.json").read_text())["results"]
         for task, key in (("heldout", "loss"), ("humaneval", "gold_bpb"), ("gsm8k", "gold_bpb")):
             if task in baseline["results"]:
                 assert scores[task][key] == baseline["results"][task][key], (name, task)
