@@ -238,7 +238,8 @@ def test_missing_runs_names_what_the_folder_lacks(tiny_ablation, tmp_path):
 
 
 # ---- submitit's local executor: real jobs on this machine -------------------------------------------------
-TIMING = {"step_time_s", "tokens_per_s", "mfu", "seconds", "finished", "started", "created", "timestamp"}
+TIMING = {"step_time_s", "tokens_per_s", "mfu", "seconds", "finished", "started", "created", "timestamp", "wall_seconds",
+          "peak_memory_mb_per_rank", "peak_note"}  # the clock, the load, the process's memory
 
 
 def _strip(obj):
