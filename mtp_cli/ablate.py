@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from mtp_cli import ablate_source, env, paths, results, ui
+from mtp_cli import ablate_source, env, outputs, paths, results, ui
 from mtp_cli.checkpoint import write_json
 from mtp_cli.config import Recipe, Variant, load_recipe, resolve_recipe_path
 from mtp_cli.errors import UserError
@@ -147,7 +147,7 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
     ab.resume_command = resume_command(recipe_path, only, seeds, results_root, gsm8k_data, track)
     stale = check_lock(ab, force)
     settings = _launch_settings(ab, launcher, track, wait)
-    _check_output_folder(ab.results_dir)
+    outputs.folder(results_root, "--results-root")
     _preflight_eval(ab)
     if dry_run:
         return ab
@@ -216,7 +216,7 @@ class GridView:
         self.progress = ui.progress(disable=disable)
         self.show_nested = not disable  # eval/specbench draw their own bars inside this view
         self.work = {cell.name: stages for cell, stages in work}
-        self.todo = [(cell, stage) for cell, stages in work for stage in stages]
+        self.stages_left = [(cell, stage) for cell, stages in work for stage in stages]
         self.overall = self.progress.add_task(f"ablate {ab.recipe.name}", total=sum(map(len, self.work.values())),
                                               info="stages", eta=None)
         n = len(results.STAGES)
@@ -234,7 +234,7 @@ class GridView:
         from mtp_cli.cost import Estimator
 
         est = Estimator(self.ab.results_dir, self.ab.recipe)
-        self.estimates = {(cell.name, stage): est.stage(cell, stage).seconds for cell, stage in self.todo}
+        self.estimates = {(cell.name, stage): est.stage(cell, stage).seconds for cell, stage in self.stages_left}
         self._show_eta()
 
     def _show_eta(self) -> None:
@@ -242,7 +242,7 @@ class GridView:
         if not self.estimates:
             return
         left, unknown = 0.0, False
-        for cell, stage in self.todo:
+        for cell, stage in self.stages_left:
             seconds = self.estimates.get((cell.name, stage))
             if self.current and self.current[:2] == (cell, stage) and seconds is not None:
                 seconds = max(0.0, seconds - (time.perf_counter() - self.current[2]))
@@ -259,7 +259,7 @@ class GridView:
     def finish(self, cell: Cell, stage: str, ok: bool) -> None:
         stages = self.work[cell.name]
         skipped = stages[stages.index(stage) + 1:] if not ok else []
-        self.todo = [(c, s) for c, s in self.todo if not (c is cell and (s == stage or s in skipped))]
+        self.stages_left = [(c, s) for c, s in self.stages_left if not (c is cell and (s == stage or s in skipped))]
         self.current = None
         self.progress.update(self.overall, advance=1 + len(skipped))
         self.progress.update(self.rows[cell.name], advance=1)
@@ -476,17 +476,6 @@ def _preflight_eval(ab: Ablation) -> None:
             if (source, cell.gsm8k) not in checked:
                 load_prompts(source, spec.limit, cell.gsm8k)
                 checked.add((source, cell.gsm8k))
-
-
-def _check_output_folder(results_dir: Path) -> None:
-    """The results folder must be creatable and writable (checked before a dry run returns, too)."""
-    existing = results_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"cannot write results to {results_dir}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write results to {results_dir}: {existing} is not writable")
 
 
 def gsm8k_data(recipe: Recipe) -> Path | None:

@@ -283,8 +283,7 @@ def ablate(
 
     from mtp_cli import outputs
 
-    _use_threads(threads)
-    outputs.folder(results_root, "--results-root")
+    _use_threads(threads)  # --results-root is checked by run_ablation, before a dry run returns too
     if job_folder is not None:
         outputs.folder(job_folder, "--job-folder")
     seed_list = _int_list(seeds, "--seeds") if seeds is not None else None

@@ -91,14 +91,18 @@ def _peak_table(path: Path) -> dict:
         return {}
 
 
+def _write_peak_table(path: Path, table: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1))
+
+
 def matmul_peak(device: torch.device, dtype: torch.dtype, cache_dir: Path) -> float:
     """The measured peak, cached per machine/device/dtype/thread count so it is measured once."""
     key, path = _peak_key(device, dtype), cache_dir / PEAK_CACHE
     table = _peak_table(path)
     if key not in table:
         table[key] = measure_matmul_peak(device, dtype)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(table, indent=1))
+        _write_peak_table(path, table)
     return table[key]
 
 
@@ -107,8 +111,7 @@ def raise_matmul_peak(device: torch.device, dtype: torch.dtype, cache_dir: Path,
     key, path = _peak_key(device, dtype), cache_dir / PEAK_CACHE
     table = _peak_table(path)
     table[key] = max(float(table.get(key, 0.0)), achieved)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1))
+    _write_peak_table(path, table)
     return table[key]
 
 
