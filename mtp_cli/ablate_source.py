@@ -87,9 +87,9 @@ def _check_source_recipe(recipe) -> None:
 def make_source(ab, show_progress: bool = True) -> Path:
     """Train (resumably) and export the [source] run; returns its export folder."""
     from mtp_cli import ablate
+    from mtp_cli.checkpoint import has_checkpoint
     from mtp_cli.config import load_recipe
     from mtp_cli.model.hf import ensure_export
-    from mtp_cli.checkpoint import has_checkpoint
 
     s = ab.recipe.source
     src = load_recipe(s.recipe)

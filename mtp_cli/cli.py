@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -30,36 +29,49 @@ def _root() -> None:
 
 @app.command()
 def train(
-    recipe: Optional[str] = typer.Option(None, help="Recipe name (recipes/*.toml) or path to a TOML file "
-                                         "[default: quick; with --resume: the run's own]."),
-    objective: Optional[str] = typer.Option(None, help="ntp | sequential | parallel (default: sequential if --depth/--lambda given)."),
-    depth: Optional[int] = typer.Option(None, help="Sequential MTP depth D (DeepSeek-V3 modules)."),
-    heads: Optional[int] = typer.Option(None, help="Parallel heads n, including the next-token head (Meta)."),
-    lam: Optional[float] = typer.Option(None, "--lambda", help="MTP loss weight λ: L = L_main + λ/D Σ L_k."),
-    lambda_final: Optional[float] = typer.Option(None, help="λ drops to this value after --lambda-switch of training (DeepSeek: 0.1)."),
-    lambda_switch: Optional[float] = typer.Option(None, help="Fraction of steps after which λ becomes --lambda-final."),
-    mtp_input: Optional[str] = typer.Option(None, help="Trunk state feeding depth 1: post-norm | pre-norm."),
-    steps: Optional[int] = typer.Option(None, help="Optimizer steps."),
-    batch_size: Optional[int] = typer.Option(None, help="Global batch size in sequences."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
-    seed: Optional[int] = typer.Option(None, help="Initialisation seed (and the batch order, unless --data-seed)."),
-    data_seed: Optional[int] = typer.Option(None, help="Batch-order seed (default: --seed)."),
-    data: Optional[list[str]] = typer.Option(None, help="Train on these files/folders instead of the recipe's corpus."),
-    device: Optional[str] = typer.Option(None, help="auto | cpu | cuda."),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
-    out: Optional[Path] = typer.Option(None, help="Run folder (default: runs/<recipe>-<objective>-...-s<seed>)."),
+    recipe: str | None = typer.Option(
+        None, help="Recipe name (recipes/*.toml) or path to a TOML file [default: quick; with --resume: the run's own]."
+    ),
+    objective: str | None = typer.Option(
+        None, help="ntp | sequential | parallel (default: sequential if --depth/--lambda given)."
+    ),
+    depth: int | None = typer.Option(None, help="Sequential MTP depth D (DeepSeek-V3 modules)."),
+    heads: int | None = typer.Option(None, help="Parallel heads n, including the next-token head (Meta)."),
+    lam: float | None = typer.Option(None, "--lambda", help="MTP loss weight λ: L = L_main + λ/D Σ L_k."),
+    lambda_final: float | None = typer.Option(
+        None, help="λ drops to this value after --lambda-switch of training (DeepSeek: 0.1)."
+    ),
+    lambda_switch: float | None = typer.Option(None, help="Fraction of steps after which λ becomes --lambda-final."),
+    mtp_input: str | None = typer.Option(None, help="Trunk state feeding depth 1: post-norm | pre-norm."),
+    steps: int | None = typer.Option(None, help="Optimizer steps."),
+    batch_size: int | None = typer.Option(None, help="Global batch size in sequences."),
+    lr: float | None = typer.Option(None, help="Peak learning rate."),
+    seed: int | None = typer.Option(None, help="Initialisation seed (and the batch order, unless --data-seed)."),
+    data_seed: int | None = typer.Option(None, help="Batch-order seed (default: --seed)."),
+    data: list[str] | None = typer.Option(None, help="Train on these files/folders instead of the recipe's corpus."),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda."),
+    compile: bool | None = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
+    out: Path | None = typer.Option(None, help="Run folder (default: runs/<recipe>-<objective>-...-s<seed>)."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint, with its own recipe."),
     force: bool = typer.Option(False, help="Overwrite the run in --out."),
-    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's, one per core)."),
-    init_from: Optional[str] = typer.Option(None, help="Start the trunk from this Hugging Face checkpoint (a folder, "
-                                            "a Hub id, a .gguf file or smollm2-135m-instruct; Llama or Qwen2): its "
-                                            "architecture and tokenizer."),
-    freeze_trunk: Optional[bool] = typer.Option(None, "--freeze-trunk/--no-freeze-trunk",
-                                                help="Train only the MTP modules (with --init-from)."),
-    track: Optional[str] = typer.Option(None, help="Also log to tensorboard | wandb | none (recipe: train.track)."),
-    fsdp: Optional[bool] = typer.Option(None, "--fsdp/--ddp", help="Under torchrun, shard the model, gradients and "
-                                        "optimizer state over the processes (FSDP2, sharded checkpoints) instead of "
-                                        "replicating them (DDP, the default; recipe: train.parallel)."),
+    threads: int | None = typer.Option(None, help="torch CPU threads (default: torch's, one per core)."),
+    init_from: str | None = typer.Option(
+        None,
+        help="Start the trunk from this Hugging Face checkpoint (a folder, "
+        "a Hub id, a .gguf file or smollm2-135m-instruct; Llama or Qwen2): its "
+        "architecture and tokenizer.",
+    ),
+    freeze_trunk: bool | None = typer.Option(
+        None, "--freeze-trunk/--no-freeze-trunk", help="Train only the MTP modules (with --init-from)."
+    ),
+    track: str | None = typer.Option(None, help="Also log to tensorboard | wandb | none (recipe: train.track)."),
+    fsdp: bool | None = typer.Option(
+        None,
+        "--fsdp/--ddp",
+        help="Under torchrun, shard the model, gradients and "
+        "optimizer state over the processes (FSDP2, sharded checkpoints) instead of "
+        "replicating them (DDP, the default; recipe: train.parallel).",
+    ),
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
     from mtp_cli import checkpoint as ckpt
@@ -118,7 +130,7 @@ def _train_table(summary: dict):
 @app.command()
 def export(
     run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
-    out: Optional[Path] = typer.Option(None, help="Folder for the Hugging Face checkpoint [default: RUN/export]: a new "
+    out: Path | None = typer.Option(None, help="Folder for the Hugging Face checkpoint [default: RUN/export]: a new "
                                        "or empty folder, or an earlier export (replaced)."),
     force: bool = typer.Option(False, help="Replace a folder holding other files (never one holding a run)."),
 ) -> None:
@@ -131,28 +143,28 @@ def export(
 
 @app.command("eval")
 def eval_(
-    run: Optional[Path] = typer.Argument(None, help="A run folder (from `mtp train`); or give --hf."),
+    run: Path | None = typer.Argument(None, help="A run folder (from `mtp train`); or give --hf."),
     tasks: str = typer.Option("humaneval,gsm8k,heldout", help="Comma-separated: humaneval, gsm8k, heldout."),
-    limit: Optional[int] = typer.Option(None, help="First N problems / documents / validation windows of each task (0 = all)."),
-    gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl, or `hub` for the "
+    limit: int | None = typer.Option(None, help="First N problems / documents / validation windows of each task (0 = all)."),
+    gsm8k_data: Path | None = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl, or `hub` for the "
                                               "stock online task [default: $MTP_GSM8K_DATA, else the repository's data/gsm8k]."),
     samples: int = typer.Option(1, help="HumanEval completions per problem (pass@k for k <= n)."),
     temperature: float = typer.Option(0.0, help="HumanEval sampling temperature (0 = greedy; > 0 needs it for --samples > 1)."),
-    text: Optional[Path] = typer.Option(None, help="Also report held-out loss and bits per byte on this text file."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/eval.json)."),
+    text: Path | None = typer.Option(None, help="Also report held-out loss and bits per byte on this text file."),
+    json_path: Path | None = typer.Option(None, "--json", help="Where to write the results (default: RUN/eval.json)."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
     truncate: bool = typer.Option(True, "--truncate/--no-truncate",
                                   help="Cut prompts longer than the trained context from the left (lm-eval's rule; "
                                        "counts reported), or refuse to run such an eval."),
-    gsm8k_fewshot: Optional[int] = typer.Option(None, help="GSM8K few-shot examples (lm-eval's num_fewshot) [default: "
+    gsm8k_fewshot: int | None = typer.Option(None, help="GSM8K few-shot examples (lm-eval's num_fewshot) [default: "
                                                 "the recipe's eval.gsm8k_fewshot, fewer where its prompts would not "
                                                 "fit the trained context]."),
-    hf: Optional[str] = typer.Option(None, "--hf", help="Evaluate a Hugging Face checkpoint (folder, Hub id, .gguf file "
+    hf: str | None = typer.Option(None, "--hf", help="Evaluate a Hugging Face checkpoint (folder, Hub id, .gguf file "
                                      "or smollm2-135m-instruct) instead of a run: the 'before' row of continued "
                                      "pretraining."),
-    recipe: Optional[str] = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
+    recipe: str | None = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
                                          "(default: quick)."),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
+    compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     from mtp_cli import paths
@@ -178,11 +190,11 @@ def generate(
     seed: int = typer.Option(0, help="Sampling seed."),
     speculative: bool = typer.Option(False, "--speculative", help="Let the run's MTP modules draft and the trunk verify "
                                                                    "(greedy: the same text; sampling: the same distribution)."),
-    draft_len: Optional[int] = typer.Option(None, help="Drafts per step with --speculative (default: one per module/head)."),
-    draft_vocab: Optional[int] = typer.Option(None, help="With --speculative: draft from this many of the most frequent "
+    draft_len: int | None = typer.Option(None, help="Drafts per step with --speculative (default: one per module/head)."),
+    draft_vocab: int | None = typer.Option(None, help="With --speculative: draft from this many of the most frequent "
                                                          "training tokens (default: a quarter of the vocabulary; 0: all)."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
+    compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
 ) -> None:
     """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
     from mtp_cli.decode.batching import complete
@@ -209,40 +221,69 @@ def generate(
 @app.command()
 def specbench(
     run: Path = typer.Argument(..., help="A run folder (from `mtp train`)."),
-    prompts: str = typer.Option("humaneval", help="Comma-separated prompt sources: humaneval | gsm8k | heldout (the run's "
-                                                  "validation split) | a file (one prompt per line, or JSONL with \"prompt\")."),
-    temperatures: str = typer.Option("0", help="Comma-separated temperatures, e.g. 0,0.8 (> 0: speculative sampling); "
-                                               "every prompt source is measured at each."),
-    primary: Optional[str] = typer.Option(None, help="The condition the headline comes from, e.g. heldout-greedy "
-                                                      "(default: the first)."),
-    peers: str = typer.Option("all", help="all | primary: time the Hugging Face peers in every condition, or in the "
-                                          "primary one only (they cost the most)."),
+    prompts: str = typer.Option(
+        "humaneval",
+        help="Comma-separated prompt sources: humaneval | gsm8k | heldout (the run's "
+        'validation split) | a file (one prompt per line, or JSONL with "prompt").',
+    ),
+    temperatures: str = typer.Option(
+        "0", help="Comma-separated temperatures, e.g. 0,0.8 (> 0: speculative sampling); every prompt source is measured at each."
+    ),
+    primary: str | None = typer.Option(
+        None, help="The condition the headline comes from, e.g. heldout-greedy (default: the first)."
+    ),
+    peers: str = typer.Option(
+        "all",
+        help="all | primary: time the Hugging Face peers in every condition, or in the primary one only (they cost the most).",
+    ),
     limit: int = typer.Option(20, help="First N prompts (0 = all)."),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per prompt (fewer at EOS)."),
     batch_sizes: str = typer.Option("1", help="Comma-separated batch sizes, e.g. 1,4,16."),
     repeats: int = typer.Option(5, help="Timed repeats after the warm-up (medians and 95% intervals over them)."),
-    draft_len: Optional[int] = typer.Option(None, help="Drafts per step (default: one per MTP module/head; sequential "
-                                                       "modules can draft further by reusing the last one)."),
-    draft_vocab: Optional[int] = typer.Option(None, help="The MTP modules draft from this many of the most frequent "
-                                                         "training tokens; the trunk verifies over all, so the output "
-                                                         "is unchanged (default: a quarter of the vocabulary; 0: all)."),
-    draft: Optional[Path] = typer.Option(None, help="A smaller NTP run with the same tokenizer: adds HF assisted generation with it as the draft model."),
-    gsm8k_data: Optional[Path] = typer.Option(None, help="Folder with GSM8K test.jsonl for --prompts gsm8k "
-                                              "[default: $MTP_GSM8K_DATA, else the repository's data/gsm8k]."),
+    draft_len: int | None = typer.Option(
+        None,
+        help="Drafts per step (default: one per MTP module/head; sequential modules can draft further by reusing the last one).",
+    ),
+    draft_vocab: int | None = typer.Option(
+        None,
+        help="The MTP modules draft from this many of the most frequent "
+        "training tokens; the trunk verifies over all, so the output "
+        "is unchanged (default: a quarter of the vocabulary; 0: all).",
+    ),
+    draft: Path | None = typer.Option(
+        None, help="A smaller NTP run with the same tokenizer: adds HF assisted generation with it as the draft model."
+    ),
+    gsm8k_data: Path | None = typer.Option(
+        None,
+        help="Folder with GSM8K test.jsonl for --prompts gsm8k [default: $MTP_GSM8K_DATA, else the repository's data/gsm8k].",
+    ),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads during the benchmark (1: fastest on busy cores)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
-    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
+    json_path: Path | None = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
+    compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
 ) -> None:
     """End-to-end latency: plain decoding vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers,
     with the share of the timed text that is a repetition loop."""
     from mtp_cli.decode.bench import JSON_NAME, render_table, run_specbench
 
     _use_threads(threads)  # --gsm8k-data is resolved where the prompts are read (mtp_cli/decode/prompts.py)
-    report = run_specbench(run, prompts=prompts, limit=limit or None, max_new_tokens=max_new_tokens,
-                           batch_sizes=_int_list(batch_sizes, "--batch-sizes"), repeats=repeats, draft_len=draft_len,
-                           draft_run=draft, json_path=json_path, gsm8k_data=gsm8k_data, threads=threads,
-                           temperatures=_float_list(temperatures, "--temperatures"), primary=primary, compile=compile,
-                           peers=peers, draft_vocab=draft_vocab)
+    report = run_specbench(
+        run,
+        prompts=prompts,
+        limit=limit or None,
+        max_new_tokens=max_new_tokens,
+        batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
+        repeats=repeats,
+        draft_len=draft_len,
+        draft_run=draft,
+        json_path=json_path,
+        gsm8k_data=gsm8k_data,
+        threads=threads,
+        temperatures=_float_list(temperatures, "--temperatures"),
+        primary=primary,
+        compile=compile,
+        peers=peers,
+        draft_vocab=draft_vocab,
+    )
     ui.out.print(render_table(report))
     if report["no_mtp_reason"]:
         ui.out.print(f"no MTP row: {report['no_mtp_reason']}", markup=False)
@@ -251,36 +292,54 @@ def specbench(
 
 @app.command()
 def ablate(
-    recipe: Optional[str] = typer.Option(None, help="Recipe name (recipes/*.toml) or path to a TOML file with variants."),
-    only: Optional[str] = typer.Option(None, help="Run only these variants (comma-separated names)."),
-    seeds: Optional[str] = typer.Option(None, help="Run only these seeds, e.g. 0,1 (default: the recipe's)."),
+    recipe: str | None = typer.Option(None, help="Recipe name (recipes/*.toml) or path to a TOML file with variants."),
+    only: str | None = typer.Option(None, help="Run only these variants (comma-separated names)."),
+    seeds: str | None = typer.Option(None, help="Run only these seeds, e.g. 0,1 (default: the recipe's)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and its estimated cost; run nothing."),
     force: bool = typer.Option(False, help="Discard results in the folder that come from another recipe version."),
-    results_root: Path = typer.Option(RESULTS_ROOT, help="Results go to RESULTS_ROOT/<recipe>/ (the committed copies "
-                                      "are under results/)."),
-    gsm8k_data: Optional[Path] = typer.Option(None, help="GSM8K folder for the eval stage, or `hub` [default: "
-                                              "$MTP_GSM8K_DATA, else the recipe's eval.gsm8k_data, else data/gsm8k]."),
-    threads: Optional[int] = typer.Option(None, help="torch CPU threads for every stage (default: torch's, one per core)."),
-    status: Optional[str] = typer.Option(None, "--status", metavar="RECIPE",
-                                         help="List every run and stage of RECIPE with its state (done, queued, running, failed); run nothing."),
-    launcher: Optional[str] = typer.Option(None, help="local (run the stages here, one after another) | slurm "
-                                           "(submit them as jobs with submitit); default: the recipe's launcher.kind, local."),
+    results_root: Path = typer.Option(
+        RESULTS_ROOT, help="Results go to RESULTS_ROOT/<recipe>/ (the committed copies are under results/)."
+    ),
+    gsm8k_data: Path | None = typer.Option(
+        None,
+        help="GSM8K folder for the eval stage, or `hub` [default: "
+        "$MTP_GSM8K_DATA, else the recipe's eval.gsm8k_data, else data/gsm8k].",
+    ),
+    threads: int | None = typer.Option(None, help="torch CPU threads for every stage (default: torch's, one per core)."),
+    status: str | None = typer.Option(
+        None,
+        "--status",
+        metavar="RECIPE",
+        help="List every run and stage of RECIPE with its state (done, queued, running, failed); run nothing.",
+    ),
+    launcher: str | None = typer.Option(
+        None,
+        help="local (run the stages here, one after another) | slurm "
+        "(submit them as jobs with submitit); default: the recipe's launcher.kind, local.",
+    ),
     wait: bool = typer.Option(False, "--wait", help="With --launcher slurm: follow the jobs until they finish."),
-    track: Optional[str] = typer.Option(None, help="Also log every run to tensorboard | wandb | none (recipe: train.track)."),
-    partition: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Slurm partition."),
-    account: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Slurm account."),
-    qos: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Slurm QOS."),
-    time_limit: Optional[str] = typer.Option(None, "--time", rich_help_panel="Slurm", help="Time limit per job, Slurm syntax (e.g. 4:00:00)."),
-    nodes: Optional[int] = typer.Option(None, rich_help_panel="Slurm", help="Nodes of each training job."),
-    gpus_per_node: Optional[int] = typer.Option(None, rich_help_panel="Slurm", help="GPUs per node (torchrun processes per node)."),
-    cpus_per_task: Optional[int] = typer.Option(None, rich_help_panel="Slurm", help="CPUs per task (one task per node)."),
-    mem: Optional[str] = typer.Option(None, rich_help_panel="Slurm", help="Memory per node, e.g. 64G."),
-    sbatch: Optional[list[str]] = typer.Option(None, rich_help_panel="Slurm", help="Extra sbatch option KEY=VALUE (repeatable), e.g. constraint=a100."),
-    job_folder: Optional[Path] = typer.Option(None, rich_help_panel="Slurm", help="submitit's job folder (logs) on a shared filesystem; default: RESULTS_ROOT/<recipe>/slurm."),
+    track: str | None = typer.Option(None, help="Also log every run to tensorboard | wandb | none (recipe: train.track)."),
+    partition: str | None = typer.Option(None, rich_help_panel="Slurm", help="Slurm partition."),
+    account: str | None = typer.Option(None, rich_help_panel="Slurm", help="Slurm account."),
+    qos: str | None = typer.Option(None, rich_help_panel="Slurm", help="Slurm QOS."),
+    time_limit: str | None = typer.Option(
+        None, "--time", rich_help_panel="Slurm", help="Time limit per job, Slurm syntax (e.g. 4:00:00)."
+    ),
+    nodes: int | None = typer.Option(None, rich_help_panel="Slurm", help="Nodes of each training job."),
+    gpus_per_node: int | None = typer.Option(None, rich_help_panel="Slurm", help="GPUs per node (torchrun processes per node)."),
+    cpus_per_task: int | None = typer.Option(None, rich_help_panel="Slurm", help="CPUs per task (one task per node)."),
+    mem: str | None = typer.Option(None, rich_help_panel="Slurm", help="Memory per node, e.g. 64G."),
+    sbatch: list[str] | None = typer.Option(
+        None, rich_help_panel="Slurm", help="Extra sbatch option KEY=VALUE (repeatable), e.g. constraint=a100."
+    ),
+    job_folder: Path | None = typer.Option(
+        None,
+        rich_help_panel="Slurm",
+        help="submitit's job folder (logs) on a shared filesystem; default: RESULTS_ROOT/<recipe>/slurm.",
+    ),
 ) -> None:
     """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
     from mtp_cli import ablate as ablation
-
     from mtp_cli import outputs
 
     _use_threads(threads)  # --results-root is checked by run_ablation, before a dry run returns too

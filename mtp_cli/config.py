@@ -71,7 +71,9 @@ class ModelConfig:
             raise UserError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
         rope_type = self.rope_scaling.get("rope_type", "default")
         if rope_type not in ROPE_TYPES:
-            raise UserError(f"model.rope_scaling: rope_type {rope_type!r} is not supported; choose one of {', '.join(ROPE_TYPES)}")
+            raise UserError(
+                f"model.rope_scaling: rope_type {rope_type!r} is not supported; choose one of {', '.join(ROPE_TYPES)}"
+            )
 
 
 @dataclass

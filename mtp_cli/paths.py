@@ -3,7 +3,8 @@
 GSM8K (MIT, `data/gsm8k/`) is read by `mtp eval`, `mtp ablate` and `mtp specbench --prompts gsm8k`.
 One rule for all three, so a clone works from any current directory: `--gsm8k-data DIR`, else the
 environment variable MTP_GSM8K_DATA (both relative to the current folder), else the recipe's
-`eval.gsm8k_data` (relative to the repository), else the shipped copy. The word `hub` (or an empty recipe value) asks for lm-eval's stock online task.
+`eval.gsm8k_data` (relative to the repository), else the shipped copy. The word `hub` (or an empty
+recipe value) asks for lm-eval's stock online task.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
 import numpy as np  # noqa: E402
 
 from mtp_cli import compare, comparisons, results, stats  # noqa: E402
@@ -258,7 +257,7 @@ def paired_differences(r, path: Path) -> str | None:
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 4.4), squeeze=False)
     dashed = False
     for ax, (m, columns) in zip(axes[0], panels):
-        for i, (name, per_item, e, color, kind) in enumerate(columns):
+        for i, (_name, per_item, e, color, _kind) in enumerate(columns):
             ax.scatter(i + jitter.uniform(-0.18, 0.18, len(per_item)), per_item, s=6, alpha=0.3, color=color, lw=0)
             dashed |= _whisker(ax, i, e, 1, color, "D")
         ax.axhline(0, color="grey", lw=0.8)

@@ -108,7 +108,9 @@ def _evaluated_seeds(rows, metrics) -> int:
 
 def _interval_note(seeds: dict[str, int]) -> str:
     if all(n == 1 for n in seeds.values()):
-        return "one seed per variant: [lo, hi] is each run's own 95% interval over its items (Wilson for pass rates), not over seeds"
+        return (
+            "one seed per variant: [lo, hi] is each run's own 95% interval over its items (Wilson for pass rates), not over seeds"
+        )
     return ("with 2-3 seeds: the mean over seeds and, in brackets, each seed's value (a t-interval over so few seeds "
             "is too wide to read); with 4 or more, the mean [95% t-interval over seeds]; with one seed, the run's "
             "own interval over its items")
@@ -139,7 +141,7 @@ def inference_section(r: ResultSet) -> Section:
                     " / ".join(_pct(x) for x in mtp.get("per_position_acceptance") or []) or "–",
                     _share(r.text_share(v, name, "degenerate_share")), _share(r.text_share(v, name, "whitespace_share")),
                     speed(mtp, "speedup"), speed(mtp, "ideal_speedup")])
-        for bs, methods, n in r.spec_by_batch(v, primary):
+        for bs, methods, _n in r.spec_by_batch(v, primary):
             mtp, greedy = methods.get(results.MTP_METHOD), methods.get(results.GREEDY_METHOD) or {}
             if not mtp:
                 notes.add(f"{v}: {_no_mtp_reason(r, v)}")

@@ -13,13 +13,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 CHECKPOINT_KEY = "clock"
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -30,7 +30,7 @@ class RunClock:
     _t0: float = 0.0
 
     @classmethod
-    def resumed(cls, state: dict | None, start_step: int, t0: float) -> "RunClock":
+    def resumed(cls, state: dict | None, start_step: int, t0: float) -> RunClock:
         """The clock stored with a checkpoint at `start_step` (empty when the checkpoint predates clocks),
         with a new segment begun at `t0` (perf_counter)."""
         state = state or {}

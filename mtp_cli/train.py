@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -31,13 +31,13 @@ from mtp_cli import env, parallel, run_clock, sharded_checkpoint, tracking, ui
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
+from mtp_cli.decode.draft_vocab import count_tokens
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout
 from mtp_cli.model import MTPModel, parallel_backward, pretrained
 from mtp_cli.model import loss as L
 from mtp_cli.model.trunk import compile_blocks
 from mtp_cli.schedule import lr_at
-from mtp_cli.decode.draft_vocab import count_tokens
 
 # Keys of train.* that may change between an interrupted run and its resumption.
 RESUMABLE_TRAIN_KEYS = {"steps", "log_every", "eval_every", "ckpt_every", "eval_batches", "compile", "device", "track"}
@@ -447,7 +447,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
             env.raise_matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data), achieved)
     summary.update({
         "status": "done", "step": step, **clock.summary(),
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         "final": final, **({"peak_note": peak_note} if peak_note else {}),
         "throughput": {
             "step_time_s_median": median,
@@ -487,7 +487,9 @@ def _accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: t
     sums: dict[str, float] = {}
     for i, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
         last = i == accum - 1
-        sync_ctx = forward_model.no_sync if (isinstance(forward_model, DDP) and (not last or mem_efficient)) else contextlib.nullcontext
+        sync_ctx = (
+            forward_model.no_sync if (isinstance(forward_model, DDP) and (not last or mem_efficient)) else contextlib.nullcontext
+        )
         with sync_ctx(), autocast():
             if mem_efficient:
                 out = parallel_backward(model, xm, ym, lam, totals=totals)

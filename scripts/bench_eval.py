@@ -109,7 +109,7 @@ def main() -> None:
     for col in ("task", "items", "completion tokens", "median s", "all runs (s)", "tokens/s"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for task, t in report["tasks"].items():
-        table.add_row(task + (" --limit %d" % t["n"] if task == "gsm8k" else " (full)"), str(t["n"]),
+        table.add_row(task + (f" --limit {t['n']}" if task == "gsm8k" else " (full)"), str(t["n"]),
                       f"{t['new_tokens']:,}", f"{t['median_s']:.1f}", ", ".join(f"{s:.1f}" for s in t["seconds"]),
                       f"{t['new_tokens'] / t['median_s']:.0f}")
     Console().print(table)

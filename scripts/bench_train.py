@@ -26,9 +26,9 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
     import torch
 
     from mtp_cli.config import MTPConfig, load_recipe
+    from mtp_cli.env import peak_memory_mb, rss_mb
     from mtp_cli.model import MTPModel, parallel_backward
     from mtp_cli.model.trunk import compile_blocks
-    from mtp_cli.env import peak_memory_mb, rss_mb
     from mtp_cli.train import flops_per_token
 
     torch.manual_seed(0)

@@ -2,7 +2,8 @@
 plain step and verifying k = 1..3 drafts), eager and compiled, and one drafting step of a sequential
 D=1 module and of a parallel head, on a quick-recipe-sized model with random weights (4 layers,
 d_model 256, 4 heads, ffn 688, vocab 4096; timing does not depend on the weights) after a 128-token
-prompt, and verification fused with the next D=1 draft (`FusedGreedyStep`, one row greedy). Each round times every part over `--steps` calls, the rounds rotate through all parts, and
+prompt, and verification fused with the next D=1 draft (`FusedGreedyStep`, one row greedy). Each
+round times every part over `--steps` calls, the rounds rotate through all parts, and
 medians over rounds are printed with the ratios the decoding targets are stated in. Also the
 weight-streaming floor two ways: the bytes of weights a step reads over the memory bandwidth
 measured here (one pass over a buffer several times the last-level cache), and the step's matrix

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REPO, ablation_toml, cli_in_process, folder_snapshot
 
-from conftest import cli_in_process, REPO, ablation_toml, folder_snapshot
 from mtp_cli import ablate, results
 from mtp_cli.errors import UserError
 
@@ -99,7 +99,9 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path, monkeypatch)
     import mtp_cli.train as trainer
 
     real_lr = trainer.lr_at
-    monkeypatch.setattr(trainer, "lr_at", lambda step, t: (_ for _ in ()).throw(KeyboardInterrupt) if step == 5 else real_lr(step, t))
+    monkeypatch.setattr(
+        trainer, "lr_at", lambda step, t: (_ for _ in ()).throw(KeyboardInterrupt) if step == 5 else real_lr(step, t)
+    )
     ablate.write_lock(ab)
     with pytest.raises(KeyboardInterrupt):
         trainer.train(cell.recipe, cell.run_dir, resume=True, show_progress=False)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, cli_in_process, folder_snapshot, micro_recipe, recipe_toml, write_recipe
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -69,14 +68,31 @@ BAD_INPUT = {
     "nan-lambda": (["--depth", "1", "--lambda", "nan"], r"lambda must be a finite number >= 0, got nan", None),
     "negative-lambda-final": (["--depth", "1", "--lambda-final=-1"], r"lambda_final must be a finite number >= 0", None),
     "inf-lr": (["--lr", "inf"], r"train.lr must be a finite number > 0", None),
-    "depth-with-heads": (["--depth", "1", "--heads", "4"], r"--depth \(sequential MTP\) and --heads \(parallel heads\) cannot be used together", None),
-    "depth-with-ntp": (["--objective", "ntp", "--depth", "2", "--lambda", "0.3"],
-                       r"--depth and --lambda cannot be used with the ntp objective", None),
-    "heads-with-sequential": (["--objective", "sequential", "--heads", "3"],
-                              r"--heads cannot be used with the sequential objective", None),
-    "resume-of-nothing": (["--resume", "--out", "{dir}/nothing-here"], r"--resume: .*nothing-here holds no run to continue", None),
-    "corpus-smaller-than-a-window": (["--data", "{dir}/tiny.py", "--out", "{dir}/fresh"], r"split has \d+ tokens, fewer than one window of context \+ 1 = 33",
-                                     lambda d: (d / "tiny.py").write_text("x = 1\n")),
+    "depth-with-heads": (
+        ["--depth", "1", "--heads", "4"],
+        r"--depth \(sequential MTP\) and --heads \(parallel heads\) cannot be used together",
+        None,
+    ),
+    "depth-with-ntp": (
+        ["--objective", "ntp", "--depth", "2", "--lambda", "0.3"],
+        r"--depth and --lambda cannot be used with the ntp objective",
+        None,
+    ),
+    "heads-with-sequential": (
+        ["--objective", "sequential", "--heads", "3"],
+        r"--heads cannot be used with the sequential objective",
+        None,
+    ),
+    "resume-of-nothing": (
+        ["--resume", "--out", "{dir}/nothing-here"],
+        r"--resume: .*nothing-here holds no run to continue",
+        None,
+    ),
+    "corpus-smaller-than-a-window": (
+        ["--data", "{dir}/tiny.py", "--out", "{dir}/fresh"],
+        r"split has \d+ tokens, fewer than one window of context \+ 1 = 33",
+        lambda d: (d / "tiny.py").write_text("x = 1\n"),
+    ),
     "depth-not-below-context": (["--depth", "32"], r"32 extra predictions per position need model.context > 32", None),
     "one-parallel-head": (["--objective", "parallel", "--heads", "1"], r"--heads must be >= 2", None),
     "unknown-recipe-key": (["--recipe", "{dir}/bad-key.toml"], r"unknown key in train: stepz", bad_key_recipe),
@@ -85,7 +101,11 @@ BAD_INPUT = {
     "missing-data-path": (["--data", "{dir}/no/such/file.py"], r"data path not found: .*no/such/file\.py", None),
     "markup-in-path": (["--data", "{dir}/x[/bold]y[red]z"], r"data path not found: .*x\[/bold\]y\[red\]z$", None),
     "run-exists-no-resume": ([], r"already holds a run; pass --resume .* or --force", None),
-    "different-run-on-resume": (["--depth", "1", "--resume"], r"holds a different run \(mtp\.objective 'ntp' -> 'sequential'\)", None),
+    "different-run-on-resume": (
+        ["--depth", "1", "--resume"],
+        r"holds a different run \(mtp\.objective 'ntp' -> 'sequential'\)",
+        None,
+    ),
     "different-train-on-resume": (["--lr", "0.1", "--resume"], r"holds a different run \(train\.lr 0\.003 -> 0\.1\)", None),
     "corrupt-checkpoint": (["--resume"], r"checkpoint .* is corrupt", lambda d: corrupt(d / "run")),
     "truncated-checkpoint": (["--resume"], r"checkpoint .* is corrupt", lambda d: truncate(d / "run")),

@@ -140,6 +140,7 @@ def test_fixed_shape_speculative_equals_eager_greedy():
     greedy's output, token for token, on a ragged batch whose rows finish at different steps (they
     ride along, frozen)."""
     from conftest import tiny_model_config
+
     from mtp_cli.config import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate
     from mtp_cli.model.mtp import MTPModel
@@ -165,11 +166,11 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     eager token for token, each is one whole graph, and 200 steps with rollbacks, and prompts of other
     lengths, build no new graph."""
     from conftest import tiny_model_config
+    from torch._dynamo.utils import counters
+
     from mtp_cli.config import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate
     from mtp_cli.model.mtp import MTPModel
-
-    from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()

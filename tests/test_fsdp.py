@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, micro_recipe, write_recipe
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")

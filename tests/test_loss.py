@@ -12,8 +12,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import tiny_model_config
+
 from mtp_cli.config import MTPConfig
 from mtp_cli.model import MTPModel
 from mtp_cli.model import loss as L

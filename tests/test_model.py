@@ -10,8 +10,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import tiny_model_config
+
 from mtp_cli.config import MTPConfig
 from mtp_cli.errors import UserError
 from mtp_cli.model import Block, MTPModel, Trunk, parallel_backward

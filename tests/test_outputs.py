@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import cli_in_process, folder_snapshot, micro_recipe, write_recipe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -134,8 +133,18 @@ def test_draft_vocab_above_the_vocabulary_is_refused(tmp_path, capsys):
     from mtp_cli.train import train
 
     train(micro_recipe("sequential", steps=2, depth=1, lambda_=0.3), tmp_path / "seq", show_progress=False)
-    code, _, err = cli_in_process("generate", tmp_path / "seq", "--prompt", "x", "--speculative", "--draft-vocab", "99999", "--max-new-tokens", "4",
-                                  capsys=capsys)
+    code, _, err = cli_in_process(
+        "generate",
+        tmp_path / "seq",
+        "--prompt",
+        "x",
+        "--speculative",
+        "--draft-vocab",
+        "99999",
+        "--max-new-tokens",
+        "4",
+        capsys=capsys,
+    )
     one_line_error(code, err, r"--draft-vocab 99999 is above the run's vocabulary")
 
 
@@ -222,6 +231,7 @@ def test_the_resume_hint_locates_the_same_ablation(monkeypatch):
 
 def test_make_report_and_ablate_share_one_results_root():
     from conftest import REPO
+
     from mtp_cli import paths
 
     make = (REPO / "Makefile").read_text()

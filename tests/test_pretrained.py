@@ -196,9 +196,8 @@ def test_unsupported_and_missing_sources(tmp_path):
 def test_bad_input_is_one_line_exit_2(checkpoints, tmp_path, capsys, monkeypatch):
     """Through the CLI entry point: a missing source, an unsupported architecture, --freeze-trunk with
     ntp, a recipe contradicting the checkpoint, and --resume with another source: one line, exit 2."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from conftest import cli_in_process
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from rich.console import Console
-
 from conftest import REPO, folder_snapshot
-from mtp_cli import compare, report, resultset, stats
+from rich.console import Console
 from synthetic_results import COMMIT, make_results, per_item_values
+
+from mtp_cli import compare, report, resultset, stats
 
 
 @pytest.fixture

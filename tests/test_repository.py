@@ -10,9 +10,9 @@ import re
 import subprocess
 
 import pytest
+from conftest import REPO, ablation_toml, cli_in_process
 from rich.console import Console
 
-from conftest import REPO, ablation_toml, cli_in_process
 from mtp_cli import paths
 from mtp_cli.tables import Table
 

@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -310,7 +309,7 @@ def test_a_killed_supervisor_leaves_no_process_behind(problem, fence, token):
     for each in fences_that_promise_no_survivors(fence):
         returned = {}
 
-        def run():
+        def run(returned=returned, each=each):
             returned["result"] = check(problem, named(token, "while True:", "    time.sleep(0.05)"), each, patient)
             returned["left"] = with_comm(token)
 
@@ -471,7 +470,8 @@ def test_only_unix_sockets(problem, fence):
                  "            got[name] = errno.errorcode.get(exc.errno, exc.errno)",
                  "socket.socketpair()",
                  "raise ValueError(repr(got))")
-    opened = lambda each: ast.literal_eval(check(problem, plant, each)["result"].split("failed: ", 1)[1])
+    def opened(each):
+        return ast.literal_eval(check(problem, plant, each)["result"].split("failed: ", 1)[1])
     got = opened(fence)
     assert got.pop("AF_UNIX") == "open" and set(got.values()) == {"EPERM"}
     control = opened(weaker(fence, fence.namespaces, False))

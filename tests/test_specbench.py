@@ -8,11 +8,10 @@ import json
 import re
 import shutil
 
-import pytest
-
-from conftest import REPO, cli_in_process
 import numpy as np
+import pytest
 import torch
+from conftest import REPO, cli_in_process
 
 from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER, load_run
 from mtp_cli.data import shards
@@ -71,6 +70,7 @@ def test_sequential_report(tiny_runs, tmp_path):
     assert report["environment"]["compile"] is False
     assert re.fullmatch(r"[0-9a-f]{40}", report["git_commit"])  # the report credits the code that measured it
     from rich.console import Console
+
     from mtp_cli.decode.bench import render_table
     console = Console(width=250, record=True)
     console.print(render_table(report))

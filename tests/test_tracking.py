@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import cli_in_process, micro_recipe
+
 from mtp_cli import results, tracking
 from mtp_cli.errors import UserError
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, checkpoint_weights, folder_snapshot, max_state_diff, micro_recipe
+
 from mtp_cli import checkpoint as ckpt
 from mtp_cli import env
 from mtp_cli import train as trainer
@@ -471,6 +471,7 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only():
     (no-grad) costs its forward only, the modules 3 × forward, and their use of the frozen shared
     unembedding forward + input gradient (2 ×); unfrozen, everything is 3 × forward. cost.py agrees."""
     from conftest import tiny_model_config, tiny_recipe
+
     from mtp_cli import cost
     from mtp_cli.config import MTPConfig
 

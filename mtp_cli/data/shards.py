@@ -25,7 +25,8 @@ from transformers import PreTrainedTokenizerFast
 
 from mtp_cli import ui
 from mtp_cli.config import DataConfig
-from mtp_cli.data import sources, tokenizer as toklib
+from mtp_cli.data import sources
+from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 
 

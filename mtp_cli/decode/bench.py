@@ -38,11 +38,11 @@ from mtp_cli.checkpoint import load_run, write_json
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode.conditions import Condition, plan_conditions
 from mtp_cli.decode.degeneracy import text_stats
+from mtp_cli.decode.draft_vocab import draft_vocabulary
+from mtp_cli.decode.engine import default_compile, engine_for
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
-from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, make_drafter, speculative_generate
-from mtp_cli.decode.engine import default_compile, engine_for
 from mtp_cli.decode.timing import PhaseTimer, forward_costs
 from mtp_cli.errors import UserError
 
@@ -141,7 +141,7 @@ def _specbench(run_dir, conditions: list[Condition], primary: str, limit, max_ne
                 entry["skipped"][str(bs)] = skipped | {m: "transformers supports it at batch size 1 only"
                                                        for m in runners if m not in active}
                 tallies = _measure(active, ids, bs, repeats, device,
-                                   lambda m: bar.update(task, advance=1, info=f"{condition.name} bs {bs} {m}"))
+                                   lambda m, c=condition.name, b=bs: bar.update(task, advance=1, info=f"{c} bs {b} {m}"))
                 entry["results"][str(bs)] = _summarise(tallies, model, ids, condition, run.tokenizer, bs)
                 _add_forward_costs(entry["results"][str(bs)], model, ids[:bs], k, compile, condition.baseline, vocab)
                 entry["summary"][str(bs)] = _headline(entry["results"][str(bs)], condition.baseline)

@@ -3,8 +3,8 @@ copy of openai/grade-school-math, since the benchmark runs offline), a file of t
 `heldout`: windows of the run's own validation split (in-distribution text the trunk never trained on).
 
 GSM8K needs a folder holding `test.jsonl`: `--gsm8k-data DIR`, else the environment variable
-MTP_GSM8K_DATA, else the repository's `data/gsm8k` (`mtp_cli.paths`). A file is JSONL with a "prompt" field per line when it ends in .jsonl, else one
-prompt per non-empty line.
+MTP_GSM8K_DATA, else the repository's `data/gsm8k` (`mtp_cli.paths`). A file is JSONL with a
+"prompt" field per line when it ends in .jsonl, else one prompt per non-empty line.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ class Drafter(ABC):
 
     k: int
 
-    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:  # noqa: B027 (optional hook)
         """The trunk ran positions start[b].. (hidden (B, W, d) before its final norm, shared (B, W, d)
         the input of its last layer); the first n_new[b] of them are committed."""
 
@@ -142,7 +142,7 @@ class Drafter(ABC):
                 generator: torch.Generator | None) -> tuple[Tensor, Tensor | None]:
         """Drafts (B, k) for positions lengths+1.. and their distributions (B, k, V), None when greedy."""
 
-    def select(self, rows: Tensor) -> None:
+    def select(self, rows: Tensor) -> None:  # noqa: B027 (optional hook)
         """Keep only these batch rows."""
 
 
@@ -206,7 +206,7 @@ class SequentialDrafter(_ModuleDrafter):
         self.post_norm = model.mtp_cfg.mtp_input == "post-norm"
         self.unembeds = [engine.draft_unembed(m.unembed, self.vocab) for m in engine.sequential[: self.depth]]
 
-    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:  # noqa: B027 (optional hook)
         self._store(start, hidden)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
@@ -252,7 +252,7 @@ class ParallelDrafter(_ModuleDrafter):
         super().__init__(engine, k, k, batch, capacity, vocab)
         self.unembed = engine.draft_unembed(engine.unembed, self.vocab)
 
-    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:
+    def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:  # noqa: B027 (optional hook)
         self._store(start, shared)
 
     def propose(self, seq, lengths, temperature, top_p, generator):

@@ -2,7 +2,8 @@
 and the likelihood of the reference answers (`gold_bpb`).
 
 Online, it is lm-eval's stock `gsm8k` task (hub dataset `openai/gsm8k`). Offline (the default: the
-repository's `data/gsm8k`, or `--gsm8k-data DIR`) it runs the same task from DIR/train.jsonl and DIR/test.jsonl through the shipped YAML
+repository's `data/gsm8k`, or `--gsm8k-data DIR`) it runs the same task from DIR/train.jsonl and
+DIR/test.jsonl through the shipped YAML
 (`tasks/gsm8k_local.yaml`, which `include`s the stock one), rendered into a temporary folder and
 loaded with `TaskManager(include_path=...)`. Each score carries n and a Wilson 95% interval from
 lm-eval's own per-document results, next to lm-eval's standard error.
@@ -29,9 +30,8 @@ import datasets
 import lm_eval
 from lm_eval.tasks import TaskManager
 
-from mtp_cli import paths
+from mtp_cli import paths, stats
 from mtp_cli.errors import UserError
-from mtp_cli import stats
 
 LOCAL_YAML = Path(__file__).parent / "tasks" / "gsm8k_local.yaml"
 GOLD_YAML = Path(__file__).parent / "tasks" / "gsm8k_gold.yaml"
@@ -48,7 +48,9 @@ def check_data(data_dir: str | Path) -> Path:
                         f"set it with {paths.gsm8k_source_hint()})")
     missing = [name for name in ("train.jsonl", "test.jsonl") if not (data_dir / name).is_file()]
     if missing:
-        raise UserError(f"GSM8K folder {data_dir} lacks {' and '.join(missing)} (expected the openai/grade-school-math JSONL files)")
+        raise UserError(
+            f"GSM8K folder {data_dir} lacks {' and '.join(missing)} (expected the openai/grade-school-math JSONL files)"
+        )
     return data_dir
 
 

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mtp_cli import stats
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
-from mtp_cli import stats
 from mtp_cli.model import MTPModel
 from mtp_cli.model import loss as L
 

@@ -168,10 +168,21 @@ def run_eval(run_dir=None, tasks=("humaneval", "gsm8k", "heldout"), limit=None, 
                     **ctxlib.summary(lm.prompt_cuts, lm.prompt_lengths, trunk.cfg.context),
                     **{f"gold_{k}": gold_cut[k] for k in ("prompts_cut", "prompt_cut_tokens_max", "prompt_cut_tokens_mean")}}
             seconds[task] = round(time.perf_counter() - t0, 2)
-    doc = {"schema": SCHEMA, "run": source.name if source else str(run_dir), "step": run.step,
-           "objective": run.model.objective, **({"hf": source.record()} if source else {}),
-           "export": str(export_dir) if export_dir else None, "context": run.recipe.model.context, "tasks": tasks, "limits": limits,
-           "seconds": seconds, "hardware": env.hardware(), "git_commit": env.git_commit(), "results": results}
+    doc = {
+        "schema": SCHEMA,
+        "run": source.name if source else str(run_dir),
+        "step": run.step,
+        "objective": run.model.objective,
+        **({"hf": source.record()} if source else {}),
+        "export": str(export_dir) if export_dir else None,
+        "context": run.recipe.model.context,
+        "tasks": tasks,
+        "limits": limits,
+        "seconds": seconds,
+        "hardware": env.hardware(),
+        "git_commit": env.git_commit(),
+        "results": results,
+    }
     write_json(json_path, doc)
     doc["json_path"] = str(json_path)
     return doc

@@ -484,7 +484,8 @@ class Fence:
 
     def describe(self, limits: Limits, timeout: float) -> dict:
         """What was in force, for the results file."""
-        mib = lambda n: f"{n / (1 << 20):g} MiB"
+        def mib(n):
+            return f"{n / (1 << 20):g} MiB"
         if self.namespaces:
             processes = ("own session in its own PID namespace under a trusted init; the harness kills that init, "
                          "and with it every process in the namespace, and returns once they are gone")
@@ -813,7 +814,7 @@ def detect() -> Fence:
                     refused += [(layer, f"{python}: {reason}") for layer, on in
                                 (("namespaces", ns), ("seccomp", sc), ("separate user", uid is not None)) if on]
                     continue
-                why = {layer: next((r for l, r in refused if l == layer), "") for layer in fence.missing()}
+                why = {layer: next((r for lay, r in refused if lay == layer), "") for layer in fence.missing()}
                 return dataclasses.replace(fence, why_missing=tuple(why.items()))
     raise UserError("HumanEval: cannot start a sandboxed Python child process on this machine (needs a POSIX "
                     "system with the `resource` module)")

@@ -16,7 +16,7 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from mtp_cli import results, ui
@@ -204,7 +204,7 @@ def submit_ablation(ab, launcher: LauncherConfig, wait: bool = False, show_progr
         ui.out.print(f"submitted {sum(map(len, sub.submitted.values()))} jobs to {job_folder(ab, launcher)}: {jobs_line}",
                      highlight=False, soft_wrap=True)
     if sub.kept:
-        ui.console.print(f"already queued or running, not submitted again: "
+        ui.console.print("already queued or running, not submitted again: "
                          + ", ".join(f"{run} {' '.join(f'{g} {j}' for g, j in gs.items())}" for run, gs in sub.kept.items()),
                          highlight=False, soft_wrap=True)
     if not sub.submitted and not sub.kept:
@@ -309,7 +309,7 @@ def follow(ab, launcher: LauncherConfig, cluster: str, sub: Submission, show_pro
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _parse_time(text: str | None) -> float:

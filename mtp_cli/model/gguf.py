@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from mtp_cli.errors import UserError
@@ -58,7 +58,7 @@ def gguf_file(name: str, flag: str) -> Path:
     return path
 
 
-@lru_cache(maxsize=None)
+@cache
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     import hashlib
 

@@ -25,7 +25,6 @@ from transformers.utils import logging as hf_logging
 from mtp_cli import outputs
 from mtp_cli.config import ModelConfig
 from mtp_cli.errors import UserError
-from mtp_cli.data import tokenizer as toklib
 from mtp_cli.model import pretrained
 from mtp_cli.model.trunk import Trunk
 
