@@ -263,9 +263,9 @@ def specbench(
 ) -> None:
     """End-to-end latency: plain decoding vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers,
     with the share of the timed text that is a repetition loop."""
-    from mtp_cli.decode.bench import JSON_NAME, render_table, run_specbench
+    from mtp_cli.bench.run import JSON_NAME, render_table, run_specbench
 
-    _use_threads(threads)  # --gsm8k-data is resolved where the prompts are read (mtp_cli/decode/prompts.py)
+    _use_threads(threads)  # --gsm8k-data is resolved where the prompts are read (mtp_cli/data/prompts.py)
     report = run_specbench(
         run,
         prompts=prompts,
@@ -341,6 +341,7 @@ def ablate(
     """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
     from mtp_cli import ablate as ablation
     from mtp_cli import outputs
+    from mtp_cli.grid.plan import plan_table
 
     _use_threads(threads)  # --results-root is checked by run_ablation, before a dry run returns too
     if job_folder is not None:
@@ -362,7 +363,7 @@ def ablate(
                                results_root=results_root, gsm8k_data=gsm8k_data, launcher=settings, track=track,
                                wait=wait)
     if dry_run:
-        ui.out.print(ablation.plan_table(ab))
+        ui.out.print(plan_table(ab))
         return
     for failure in ab.failures:
         ui.console.print(f"[red]failed:[/red] {failure}", highlight=False, soft_wrap=True)

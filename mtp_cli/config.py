@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mtp_cli.conditions import plan_conditions
 from mtp_cli.errors import UserError
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -295,8 +296,6 @@ class SpecbenchConfig:
             raise UserError(f"specbench.draft_len must be >= 1, got {self.draft_len}")
         if self.draft_vocab is not None and self.draft_vocab < 0:
             raise UserError(f"specbench.draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
-        from mtp_cli.decode.conditions import plan_conditions  # the one place conditions and their names are made
-
         plan_conditions(self.prompts, self.temperatures, self.primary)
 
 

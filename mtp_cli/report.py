@@ -504,9 +504,7 @@ def _trained_models(r: ResultSet, recipe_model: dict) -> str:
 # ---- render ---------------------------------------------------------------------------------------------
 def incomplete_note(results_dir: Path) -> str:
     """One sentence naming the runs of the recipe's grid that lack a stage ("" when none do)."""
-    from mtp_cli.launch.status import missing_runs
-
-    missing = missing_runs(results_dir)
+    missing = results.missing_runs(results_dir)
     if not missing:
         return ""
     runs = "; ".join(f"{name} ({', '.join(stages)})" for name, stages in missing)

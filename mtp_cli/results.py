@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from mtp_cli.config import Recipe
+from mtp_cli.config import Recipe, recipe_from_dict
 
 STAGES = ("train", "export", "eval", "specbench")
 LOCK = "recipe.lock.json"
@@ -44,8 +44,49 @@ MTP_METHOD = "mtp"
 GREEDY_METHOD = "greedy"
 
 
+SOURCE = "source"  # results/<recipe>/source/<run>: the run a recipe's [source] table trains first
+BASELINE = "baseline"  # results/<recipe>/baseline/eval.json: `mtp eval --hf` of the runs' init_from
+ABLATE_LOG = "ablate.log"  # a run's stage failures, with their tracebacks
+METRICS = "metrics.jsonl"
+
+
 def run_name(variant: str, seed: int) -> str:
     return f"{variant}-s{seed}"
+
+
+def source_run_dir(results_dir: Path, recipe) -> Path | None:
+    """Where the recipe's [source] table trains its source (None without one)."""
+    s = recipe.source
+    if not s.recipe:
+        return None
+    return results_dir / SOURCE / run_name(s.variant, s.seed)
+
+
+def source_export(results_dir: Path, recipe) -> Path:
+    """The [source] run's export: the init_from of every run of a recipe that leaves it out."""
+    return source_run_dir(results_dir, recipe) / EXPORT
+
+
+def baseline_json(results_dir: Path) -> Path:
+    return results_dir / BASELINE / EVAL_JSON
+
+
+def missing_runs(results_dir: str | Path) -> list[tuple[str, list[str]]]:
+    """[(run name, stages it lacks)] for every run of the grid in `results_dir`'s recipe.lock.json that
+    is not complete (a run without any results lacks every stage); [] when there is no lock."""
+    lock = read_lock(Path(results_dir))
+    if not isinstance(lock.get("recipe"), dict):
+        return []
+    recipe = recipe_from_dict(lock["recipe"])
+    missing = []
+    for variant in recipe.grid_variants():
+        for seed in recipe.seeds:
+            name = run_name(variant.name, seed)
+            run_recipe = recipe.for_run(variant, seed, validate=False)
+            pending = pending_stages(RunFolder(Path(results_dir) / RUNS / name), run_recipe)
+            if pending:
+                missing.append((name, pending))
+    return missing
 
 
 def _read(path: Path) -> dict | None:

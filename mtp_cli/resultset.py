@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mtp_cli import ablate_source, results, seed_stats, stats
+from mtp_cli import results, seed_stats, stats
 from mtp_cli.errors import UserError
 
 
@@ -112,7 +112,7 @@ class ResultSet:
         """What the "before" row evaluated: the checkpoint `mtp eval --hf` read."""
         if self.before is None:
             return None
-        doc = results.RunFolder(ablate_source.baseline_json(self.dir).parent).eval
+        doc = results.RunFolder(results.baseline_json(self.dir).parent).eval
         return (doc.get("hf") or {}).get("source") or doc.get("export") or doc.get("run")
 
     @property
@@ -260,7 +260,7 @@ def load(results_dir: str | Path) -> ResultSet:
 
 def _before_row(results_dir: Path) -> pd.DataFrame | None:
     """The baseline (`[eval] baseline = true`): the source checkpoint's eval.json as one summary row."""
-    path = ablate_source.baseline_json(results_dir)
+    path = results.baseline_json(results_dir)
     if not path.is_file():
         return None
     row = results.summary_row(results.RunFolder(path.parent))

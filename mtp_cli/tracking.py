@@ -160,25 +160,6 @@ def open_tracker(recipe: Recipe, run_dir: str | Path, resume_step: int | None = 
     return tracker
 
 
-def log_stage(recipe: Recipe, run_dir: str | Path, stage: str) -> None:
-    """After an ablation stage: its headline numbers (summary.csv columns) at the run's final step."""
-    if recipe.train.track == "none" or stage not in HEADLINES:
-        return
-    from mtp_cli import results
-
-    run = results.RunFolder(Path(run_dir))
-    row = results.summary_row(run)
-    values = {f"{stage}/{col}": float(row[col]) for col in HEADLINES[stage]
-              if isinstance(row.get(col), (int, float)) and math.isfinite(float(row[col]))}
-    if not values:
-        return
-    tracker = open_tracker(recipe, run_dir)
-    try:
-        tracker.log_scalars(values, int(run.run.get("step") or recipe.train.steps))
-    finally:
-        tracker.close()
-
-
 def _read_state(run_dir: Path) -> dict:
     try:
         return json.loads((run_dir / STATE_JSON).read_text())

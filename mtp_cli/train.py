@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtp_cli import checkpoint as ckpt
-from mtp_cli import env, parallel, run_clock, sharded_checkpoint, tracking, ui
+from mtp_cli import corpus, env, parallel, run_clock, sharded_checkpoint, tracking, ui
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
@@ -272,11 +272,11 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
 
     # Data: rank 0 builds the cache, the others read it.
     if ddp.main:
-        data = shards.prepare_for(recipe, show_progress)
+        data = corpus.prepare_for(recipe, show_progress)
     if ddp.world > 1:
         dist.barrier()
     if not ddp.main:
-        data = shards.prepare_for(recipe)
+        data = corpus.prepare_for(recipe)
     _check_data_size(data, recipe.model.context)
     if source is not None:  # the checkpoint's embedding may have more rows than its tokenizer
         if len(data.tokenizer) > recipe.model.vocab_size:

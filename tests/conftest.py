@@ -1,41 +1,14 @@
-"""Shared fixtures: tiny configs and tiny trained runs (session-scoped, trained once per test session)."""
+"""Shared fixtures: tiny trained runs and a finished micro ablation (session-scoped, made once per
+test session), an isolated cache and single-threaded torch. The helpers they use are in helpers.py."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
-
-from mtp_cli.config import DataConfig, ModelConfig, MTPConfig, Recipe, TrainConfig
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-TINY_FILES = [str(STDLIB / name) for name in ("textwrap.py", "string.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py")]
-
-
-def tiny_model_config(**kw) -> ModelConfig:
-    # Random residual branches (no zero init): a block that starts as the identity would hide leaks from tests.
-    base = dict(vocab_size=512, n_layers=3, d_model=64, n_heads=4, ffn_hidden=128, context=64, zero_init_residual=False)
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-def tiny_recipe(objective: str = "ntp", steps: int = 80, **mtp_kw) -> Recipe:
-    mtp = MTPConfig(objective=objective, **mtp_kw)
-    return Recipe(
-        name="tiny",
-        model=tiny_model_config(),
-        mtp=mtp,
-        data=DataConfig(source="files", paths=list(TINY_FILES), tokenizer="bpe"),
-        train=TrainConfig(steps=steps, batch_size=8, lr=3e-3, warmup=10, eval_every=40, eval_batches=2, ckpt_every=40,
-                          peak_flops=1e11),
-    )
+from helpers import ablation_toml, tiny_recipe
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -63,90 +36,6 @@ def tiny_runs(tmp_path_factory) -> dict[str, Path]:
     return runs
 
 
-# ---- helpers for the train / model / data / CLI tests (added below; fixtures above unchanged) ----
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def micro_recipe(objective: str = "ntp", steps: int = 4, **mtp_kw) -> Recipe:
-    """Smaller than `tiny_recipe`, for tests that train several runs: d_model 32, 3 layers, context 32,
-    batch 4, the same 512-token BPE (so the tokenizer/shard cache is shared with `tiny_recipe`)."""
-    recipe = tiny_recipe(objective, steps=steps, **mtp_kw)
-    recipe.name = "micro"
-    recipe.model = tiny_model_config(d_model=32, n_heads=2, ffn_hidden=64, context=32)
-    recipe.train = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=2, eval_every=steps, eval_batches=1,
-                               ckpt_every=steps, peak_flops=1e11)
-    return recipe
-
-
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no TOML for {value!r}")
-
-
-def recipe_toml(recipe: Recipe) -> str:
-    """TOML text of a recipe's name and model/mtp/data/train sections (None values left out)."""
-    d = recipe.to_dict()
-    lines = [f"name = {_toml_value(d['name'])}"]
-    for section in ("model", "mtp", "data", "train"):
-        lines.append(f"\n[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in d[section].items() if v is not None]
-    return "\n".join(lines) + "\n"
-
-
-def write_recipe(recipe: Recipe, path: Path) -> Path:
-    path.write_text(recipe_toml(recipe))
-    return path
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m mtp_cli ARGS` in a fresh process: the real entry point, its exit code and stderr.
-    The session's isolated MTP_CACHE_DIR is inherited through the environment."""
-    return subprocess.run([sys.executable, "-m", "mtp_cli", *map(str, args)], cwd=cwd or REPO,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def cli_in_process(*args, capsys) -> tuple[int, str, str]:
-    """The real CLI entry point, in-process: (exit code, stdout, stderr)."""
-    from mtp_cli import cli
-
-    argv, sys.argv = sys.argv, ["mtp", *map(str, args)]
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def folder_snapshot(folder: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file under `folder` (to prove nothing changed)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def checkpoint_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(Path(run_dir) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
-
-
-def max_state_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """Largest absolute difference between two state dicts with the same keys."""
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
-
 @pytest.fixture
 def single_thread():
     """Run a test's torch ops on one thread, then restore the count. Tiny models gain nothing from a
@@ -156,56 +45,6 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-# ---- a finished micro ablation, shared by test_ablate and test_report ----
-
-def ablation_toml(name: str = "micro-abl", seeds=(0,), steps: int = 6, eval_tasks=("heldout", "humaneval", "gsm8k"),
-                  specbench: bool = True, variants: str | None = None, extra: str = "",
-                  ckpt_every: int | None = None) -> str:
-    """A recipe TOML for `mtp ablate` at micro scale: ntp vs sequential D=1 by default, tiny eval limits."""
-    files = ", ".join(json.dumps(f) for f in TINY_FILES)
-    variants = variants if variants is not None else (
-        '[[variants]]\nname = "ntp"\n\n[[variants]]\nname = "seq-d1"\n'
-        'mtp = { objective = "sequential", depth = 1, lambda = 0.3 }\n')
-    return f"""name = "{name}"
-description = "micro ablation for the tests"
-seeds = [{", ".join(map(str, seeds))}]
-{extra}
-[model]
-vocab_size = 512
-n_layers = 3
-d_model = 32
-n_heads = 2
-ffn_hidden = 64
-context = 32
-
-[data]
-source = "files"
-paths = [{files}]
-
-[train]
-steps = {steps}
-batch_size = 4
-warmup = 2
-eval_every = {steps}
-eval_batches = 1
-ckpt_every = {ckpt_every or max(steps // 2, 1)}
-peak_flops = 1e11
-
-[eval]
-enabled = {"true" if eval_tasks else "false"}
-tasks = [{", ".join(json.dumps(t) for t in eval_tasks)}]
-limits = {{ humaneval = 1, gsm8k = 1, heldout = 2 }}
-gsm8k_data = {json.dumps(str(REPO / "tests" / "data" / "gsm8k"))}
-
-[specbench]
-enabled = {"true" if specbench else "false"}
-limit = 1
-max_new_tokens = 4
-repeats = 2
-
-{variants}"""
 
 
 @pytest.fixture(scope="session")

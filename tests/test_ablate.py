@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, ablation_toml, cli_in_process, folder_snapshot
+from helpers import REPO, ablation_toml, cli_in_process, folder_snapshot
 
 from mtp_cli import ablate, results
 from mtp_cli.errors import UserError
+from mtp_cli.grid import cells, lock, stages
+from mtp_cli.grid import plan as grid_plan
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -45,7 +47,7 @@ def test_grid_runs_every_stage_and_writes_one_summary_row_per_run(tiny_ablation)
     assert ntp["spec_speedup"].isna().all() and ntp["greedy_tokens_per_s"].notna().all()
     lock = results.read_lock(tiny_ablation)
     assert lock["recipe_name"] == "micro-abl" and [v["name"] for v in lock["recipe"]["variants"]] == ["ntp", "seq-d1"]
-    assert not any(c.pending for c in ablate.plan(Path(lock["source"]), results_root=tiny_ablation.parent).cells)
+    assert not any(c.pending for c in grid_plan.plan(Path(lock["source"]), results_root=tiny_ablation.parent).cells)
     for run in results.run_folders(tiny_ablation):
         assert set(run.log["stages"]) == {"train", "export", "eval", "specbench"}
         assert set(run.eval["results"]) == {"heldout", "humaneval", "gsm8k"}
@@ -55,8 +57,8 @@ def test_grid_runs_every_stage_and_writes_one_summary_row_per_run(tiny_ablation)
 def test_second_run_redoes_nothing(tiny_ablation, monkeypatch, capsys):
     source = Path(results.read_lock(tiny_ablation)["source"])
     before = folder_snapshot(tiny_ablation / results.RUNS)
-    for name in ablate.STAGE_FUNCS:  # any stage that runs again fails the test
-        monkeypatch.setitem(ablate.STAGE_FUNCS, name, lambda *a, _n=name: pytest.fail(f"{_n} ran again"))
+    for name in stages.STAGE_FUNCS:  # any stage that runs again fails the test
+        monkeypatch.setitem(stages.STAGE_FUNCS, name, lambda *a, _n=name: pytest.fail(f"{_n} ran again"))
     ab = ablate.run_ablation(source, results_root=tiny_ablation.parent, show_progress=False)
     assert all(not c.pending for c in ab.cells) and not ab.failures
     assert folder_snapshot(tiny_ablation / results.RUNS) == before
@@ -72,7 +74,7 @@ def test_dry_run_plans_and_estimates_without_writing(tmp_path, capsys):
     for name in ("ntp-s0", "ntp-s2", "seq-d1-s1"):
         assert name in out
     assert "TFLOP" in out and "total" in out
-    ab = ablate.plan(recipe, only="seq-d1", seeds=[1], results_root=tmp_path / "res")
+    ab = grid_plan.plan(recipe, only="seq-d1", seeds=[1], results_root=tmp_path / "res")
     assert [c.name for c in ab.cells] == ["seq-d1-s1"] and ab.cells[0].pending[:2] == ["train", "export"]
 
 
@@ -92,7 +94,7 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path, monkeypatch)
     recipe_path = tmp_path / "resume.toml"
     recipe_path.write_text(ablation_toml("resume", seeds=(0,), steps=8, eval_tasks=(), specbench=False,
                                          variants='[[variants]]\nname = "ntp"\n'))
-    ab = ablate.plan(recipe_path, results_root=tmp_path / "res")
+    ab = grid_plan.plan(recipe_path, results_root=tmp_path / "res")
     cell = ab.cells[0]
 
     # Interrupt the run in-process at step 5 (Ctrl-C): train() saves a checkpoint at step 5.
@@ -102,13 +104,13 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path, monkeypatch)
     monkeypatch.setattr(
         trainer, "lr_at", lambda step, t: (_ for _ in ()).throw(KeyboardInterrupt) if step == 5 else real_lr(step, t)
     )
-    ablate.write_lock(ab)
+    lock.write_lock(ab)
     with pytest.raises(KeyboardInterrupt):
         trainer.train(cell.recipe, cell.run_dir, resume=True, show_progress=False)
     monkeypatch.setattr(trainer, "lr_at", real_lr)
     head = (cell.run_dir / "metrics.jsonl").read_text()
     assert json.loads(head.splitlines()[-1])["step"] == 5
-    assert ablate.plan(recipe_path, results_root=tmp_path / "res").cells[0].pending[0] == "train"
+    assert grid_plan.plan(recipe_path, results_root=tmp_path / "res").cells[0].pending[0] == "train"
 
     done = ablate.run_ablation(recipe_path, results_root=tmp_path / "res", show_progress=False)
     assert not done.failures and not done.cells[0].pending
@@ -117,7 +119,7 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path, monkeypatch)
     assert [json.loads(line)["step"] for line in metrics.splitlines() if '"train"' in line] == list(range(1, 9))
 
     # Same weights as an uninterrupted run of the same cell.
-    from conftest import checkpoint_weights, max_state_diff
+    from helpers import checkpoint_weights, max_state_diff
 
     fresh = tmp_path / "fresh"
     trainer.train(cell.recipe, fresh, show_progress=False)
@@ -185,7 +187,7 @@ def test_force_discards_a_stale_folder(tmp_path):
         ablate.run_ablation(recipe, dry_run=True, results_root=tmp_path / "res")
     ab = ablate.run_ablation(recipe, dry_run=True, force=True, results_root=tmp_path / "res")
     assert (res / "runs" / "old-s0").is_dir()  # a dry run discards nothing
-    ablate.discard(ab.results_dir)
+    lock.discard(ab.results_dir)
     assert not (res / "runs").exists() and (res / "notes.txt").read_text() == "mine"
 
 
@@ -227,7 +229,7 @@ def test_noise_floor_cells_pair_on_the_grid_seed(tmp_path):
                 '[[variants]]\nname = "ntp-data"\ndata_seed_offset = 7\n')
     recipe = tmp_path / "floor.toml"
     recipe.write_text(ablation_toml("floor", seeds=(0, 1), variants=variants))
-    ab = ablate.plan(recipe, results_root=tmp_path / "res")
+    ab = grid_plan.plan(recipe, results_root=tmp_path / "res")
     seeds = {(c.variant.name, c.seed): (c.recipe.train.seed, c.recipe.train.data_seed, c.recipe.train.order_seed)
              for c in ab.cells}
     assert seeds == {("ntp", 0): (0, None, 0), ("ntp", 1): (1, None, 1),
@@ -236,7 +238,8 @@ def test_noise_floor_cells_pair_on_the_grid_seed(tmp_path):
     assert {c.run_dir.name for c in ab.cells} >= {"ntp-init-s0", "ntp-data-s1"}  # folders named by the grid seed
     recipe.write_text(ablation_toml("floor", seeds=(0, 1), variants=variants, extra="").replace(
         "[train]\n", "[train]\ndata_seed = 5\n"))
-    fixed = {(c.variant.name, c.seed): c.recipe.train.order_seed for c in ablate.plan(recipe, results_root=tmp_path / "r2").cells}
+    planned = grid_plan.plan(recipe, results_root=tmp_path / "r2")
+    fixed = {(c.variant.name, c.seed): c.recipe.train.order_seed for c in planned.cells}
     assert fixed == {("ntp", 0): 5, ("ntp", 1): 5, ("ntp-init", 0): 5, ("ntp-init", 1): 5,
                      ("ntp-data", 0): 12, ("ntp-data", 1): 12}
 
@@ -268,14 +271,14 @@ def test_shipped_recipes_load_and_plan(tmp_path):
     assert any(name.startswith("gpu-") for name in shipped_recipes())
     for name in shipped_recipes():
         recipe = load_recipe(name)
-        ab = ablate.plan(name, results_root=tmp_path)
+        ab = grid_plan.plan(name, results_root=tmp_path)
         assert len(ab.cells) == len(recipe.grid_variants()) * len(recipe.seeds)
     quick = load_recipe("quick")
     assert [v.name for v in quick.variants] == ["ntp", "parallel-n4", "seq-d1"]
     runs = {v.name: quick.for_run(v, 0) for v in quick.variants}
     assert runs["parallel-n4"].mtp.heads == 4 and runs["parallel-n4"].mtp.compute_matched
     assert runs["seq-d1"].mtp.depth == 1 and runs["seq-d1"].mtp.weight == 0.3
-    assert ablate.gsm8k_data(quick) == REPO / "data" / "gsm8k"
+    assert cells.gsm8k_data(quick) == REPO / "data" / "gsm8k"
 
 
 def test_a_crashing_stage_costs_only_its_own_run(tiny_ablation, tmp_path, monkeypatch, capsys):
@@ -288,8 +291,8 @@ def test_a_crashing_stage_costs_only_its_own_run(tiny_ablation, tmp_path, monkey
     def boom(cell, view):
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(ablate.STAGE_FUNCS, "eval", boom)
-    monkeypatch.setitem(ablate.STAGE_FUNCS, "specbench", lambda cell, view: ran.append(cell.name))
+    monkeypatch.setitem(stages.STAGE_FUNCS, "eval", boom)
+    monkeypatch.setitem(stages.STAGE_FUNCS, "specbench", lambda cell, view: ran.append(cell.name))
     source = results.read_lock(folder)["source"]
     code, out, err = mtp("ablate", "--recipe", source, "--results-root", tmp_path / "res", capsys=capsys)
     assert code == 1
@@ -329,5 +332,5 @@ def test_committed_results_without_checkpoints_or_exports_need_nothing(tiny_abla
     """What a fresh clone has (.gitignore drops checkpoints and exports): `mtp ablate` on it redoes nothing."""
     shutil.copytree(tiny_ablation, tmp_path / "res" / tiny_ablation.name,
                     ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
-    ab = ablate.plan(results.read_lock(tiny_ablation)["source"], results_root=tmp_path / "res")
+    ab = grid_plan.plan(results.read_lock(tiny_ablation)["source"], results_root=tmp_path / "res")
     assert [c.pending for c in ab.cells] == [[], []]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, cli_in_process, folder_snapshot, micro_recipe, recipe_toml, write_recipe
+from helpers import REPO, cli_in_process, folder_snapshot, micro_recipe, recipe_toml, write_recipe
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import checkpoint_weights, max_state_diff, micro_recipe, write_recipe
+from helpers import checkpoint_weights, max_state_diff, micro_recipe, write_recipe
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def random_trunk(seed: int = 0, **kw) -> Trunk:
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
 
     torch.manual_seed(seed)
     trunk = Trunk(tiny_model_config(**kw)).eval()
@@ -139,7 +139,7 @@ def test_fixed_shape_speculative_equals_eager_greedy():
     """A 1-layer trunk with one DeepSeek module: fixed-shape verification (width k+1) gives plain
     greedy's output, token for token, on a ragged batch whose rows finish at different steps (they
     ride along, frozen)."""
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
 
     from mtp_cli.config import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate
@@ -165,7 +165,7 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     graph, the weights frozen in), and speculative greedy its fused verify-and-draft graph: both equal
     eager token for token, each is one whole graph, and 200 steps with rollbacks, and prompts of other
     lengths, build no new graph."""
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
     from torch._dynamo.utils import counters
 
     from mtp_cli.config import MTPConfig
@@ -251,7 +251,7 @@ def test_compiled_sampling_preserves_the_distribution(tiny_runs):
 @pytest.mark.parametrize("flags", [["--no-compile"], pytest.param(["--compile"], marks=pytest.mark.slow)])
 def test_cli_generate_compile_switch(tiny_runs, capsys, flags):
     """`mtp generate --compile/--no-compile`: the same text as the default, plain and speculative."""
-    from conftest import cli_in_process
+    from helpers import cli_in_process
 
     base = ["generate", tiny_runs["sequential"], "--prompt", "def split(s):\n", "--max-new-tokens", "16"]
     code, plain, _ = cli_in_process(*base, capsys=capsys)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_in_process
+from helpers import cli_in_process
 
 from mtp_cli.checkpoint import load_run
+from mtp_cli.decode import context as ctxlib
 from mtp_cli.decode.batching import encode, generate_ids
 from mtp_cli.errors import UserError
-from mtp_cli.evals import context as ctxlib
 from mtp_cli.evals import gsm8k, humaneval, runner
 from mtp_cli.model import hf
 
@@ -80,7 +80,7 @@ def _direct_bits(model, whole: list[int], n_prompt: int) -> float:
 def test_gold_bpb_matches_transformers_on_the_export(tiny_runs, tmp_path):
     """Per problem: (sum of -log2 p over the solution's tokens) / its UTF-8 bytes, from AutoModelForCausalLM
     on the export; uncut (context 1024) and cut (the tiny run at context 64: rightmost 65 tokens)."""
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
     from transformers import AutoModelForCausalLM
 
     from mtp_cli.model.trunk import Trunk, init_weights

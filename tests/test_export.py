@@ -65,7 +65,7 @@ def test_export_config_and_generation_config(tiny_runs, exports):
 
 def test_untied_export_roundtrip(tiny_runs):
     """An untied trunk keeps its own lm_head."""
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
     from transformers import LlamaForCausalLM
 
     from mtp_cli.model.trunk import Trunk, init_weights

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, micro_recipe, write_recipe
+from helpers import REPO, micro_recipe, write_recipe
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 TESTS = Path(__file__).resolve().parent
@@ -106,7 +106,7 @@ def test_fsdp_keeps_one_shared_embedding(uneven):
 KILLED_SAVE = """
 import os, signal, sys, torch
 sys.path.insert(0, {tests!r})
-from conftest import micro_recipe
+from helpers import micro_recipe
 from mtp_cli import sharded_checkpoint as sc
 from mtp_cli.model import MTPModel
 recipe = micro_recipe("sequential", depth=1)
@@ -161,7 +161,7 @@ def test_a_killed_save_leaves_the_last_good_checkpoint(tmp_path, when):
 def test_fsdp_flag_in_one_process_writes_a_sharded_checkpoint_that_resumes(tmp_path, capsys, monkeypatch):
     """At world size 1 nothing is sharded, but the run's checkpoints are DCP ones (so that any world size
     resumes them); --ddp on resume is refused in one line; a bad train.parallel is one line too."""
-    from conftest import cli_in_process
+    from helpers import cli_in_process
 
     from mtp_cli.checkpoint import load_run
     from mtp_cli.errors import UserError

@@ -19,7 +19,7 @@ PROMPTS = ["def split(s, sep=None):\n    ", "import os\n", "class Template:\n   
 def model(tiny_runs):
     """(trunk, tokenizer): large random weights decode varied text, so rows stop at different steps
     (the trained tiny models only repeat spaces)."""
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
 
     from mtp_cli.model.trunk import Trunk, init_weights
 
@@ -43,7 +43,7 @@ def naive_greedy(trunk, prompt: list[int], n: int, stop=None, eos=None) -> list[
 
 @pytest.mark.parametrize("kv_heads", [None, 2])
 def test_batched_ragged_greedy_equals_naive_greedy(kv_heads, model, tiny_runs):
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
 
     from mtp_cli.model.trunk import Trunk, init_weights
 

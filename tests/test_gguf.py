@@ -16,8 +16,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from mtp_cli import corpus
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
+from mtp_cli.grid import source as source_stage
 from mtp_cli.model import gguf as ggufsrc
 from mtp_cli.model import pretrained
 
@@ -188,7 +190,7 @@ def test_missing_wheel_or_gguf_package_is_one_line_naming_the_install_command(fi
 
 
 def test_cli_errors_for_a_missing_wheel_and_a_bad_file(tmp_path, capsys, monkeypatch):
-    from conftest import cli_in_process
+    from helpers import cli_in_process
 
     monkeypatch.setattr(importlib.metadata, "files", _missing)
     code, out, err = cli_in_process("eval", "--hf", "smollm2-135m-instruct", "--tasks", "heldout", capsys=capsys)
@@ -209,9 +211,8 @@ def test_cli_errors_for_a_missing_wheel_and_a_bad_file(tmp_path, capsys, monkeyp
 def test_eval_hf_and_train_init_from_a_gguf_file(files, tmp_path, capsys, monkeypatch):
     """`mtp eval --hf file.gguf` scores transformers' GGUF model (held-out loss = its cross-entropy), and
     `mtp train --init-from file.gguf` through a recipe records the file and its hash in run.json."""
-    from conftest import TINY_FILES, cli_in_process
+    from helpers import TINY_FILES, cli_in_process
 
-    from mtp_cli.data import shards
     from mtp_cli.evals.runner import hf_run, run_eval
 
     path = files["untied"]
@@ -220,7 +221,7 @@ def test_eval_hf_and_train_init_from_a_gguf_file(files, tmp_path, capsys, monkey
     doc = run_eval(tasks="heldout", limit=3, hf=str(path), recipe=str(recipe_file), json_path=tmp_path / "e.json",
                    show_progress=False)
     run, _ = hf_run(str(path), str(recipe_file))
-    val = shards.prepare_for(run.recipe).val
+    val = corpus.prepare_for(run.recipe).val
     ids = torch.from_numpy(val[:3 * 48 + 1].astype("int64"))
     windows = torch.stack([ids[i * 48:(i + 1) * 48 + 1] for i in range(3)])
     logits = _gguf_logits(path, windows[:, :-1])
@@ -245,7 +246,6 @@ def test_ablate_resolves_a_short_name_at_plan_time(files, tmp_path, capsys, monk
     (no 'not a local folder' error, no note about the Hugging Face cache)."""
     from types import SimpleNamespace
 
-    from mtp_cli import ablate_source
     from mtp_cli.config import Recipe
 
     monkeypatch.setattr(ggufsrc, "gguf_file", lambda name, flag: files["tied"])
@@ -253,7 +253,7 @@ def test_ablate_resolves_a_short_name_at_plan_time(files, tmp_path, capsys, monk
     recipe.train.init_from = "smollm2-135m-instruct"
     cell = SimpleNamespace(name="ntp-s0", recipe=recipe, model_keys={"context"})
     recipe.model.context = 64
-    assert ablate_source.check(SimpleNamespace(results_dir=tmp_path, recipe=Recipe(), cells=[cell])) == ""
+    assert source_stage.check(SimpleNamespace(results_dir=tmp_path, recipe=Recipe(), cells=[cell])) == ""
     assert "Hugging Face cache" not in capsys.readouterr().out
     assert (recipe.model.n_layers, recipe.model.context) == (2, 64)
 

@@ -21,7 +21,7 @@ needs_data = pytest.mark.skipif(not (GSM8K_DATA / "test.jsonl").is_file(), reaso
 
 
 def _random_export(tiny_runs, tmp_path_factory, **config) -> Path:
-    from conftest import tiny_model_config
+    from helpers import tiny_model_config
 
     from mtp_cli.model.trunk import Trunk, init_weights
 

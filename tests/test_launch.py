@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ablation_toml, checkpoint_weights, cli_in_process, max_state_diff
+from helpers import ablation_toml, checkpoint_weights, cli_in_process, max_state_diff
 
 from mtp_cli import ablate, results
+from mtp_cli.grid import cells, lock
+from mtp_cli.grid import plan as grid_plan
 
 submitit = pytest.importorskip("submitit", reason="submitit not installed (pip install 'mtp[slurm]')")
+from mtp_cli.launch import records as job_records  # noqa: E402
 from mtp_cli.launch import status as launch_status  # noqa: E402
 from mtp_cli.launch import submit  # noqa: E402
 
@@ -111,7 +114,7 @@ def test_sbatch_scripts_carry_the_settings_dependencies_and_torchrun(tmp_path, f
                  "--constraint=h100", "--array=0-1%2", "--job-name=mtp-grid-train"):
         assert f"#SBATCH {line}\n" in train, line
     assert "module load cuda" in train and "srun" in train and "--dependency" not in train
-    records = {cell.name: submit.read_jobs(cell.run_dir) for cell in ab.cells}
+    records = {cell.name: job_records.read_jobs(cell.run_dir) for cell in ab.cells}
     assert records["ntp-s0"]["train"]["job_id"] == "1000_0" and records["seq-d1-s0"]["train"]["job_id"] == "1000_1"
     for rec in records.values():
         for group in ("eval", "specbench"):
@@ -161,9 +164,9 @@ def test_rerun_submits_only_what_is_missing_and_not_queued(tmp_path, fake_slurm,
     assert list(subs)[5:] == ["1005", "1006", "1007"]
     assert "--array" not in subs["1005"] and "#SBATCH --nodes=2\n" in subs["1005"]
     assert "#SBATCH --dependency=afterok:1005\n" in subs["1006"] and "#SBATCH --dependency=afterok:1005\n" in subs["1007"]
-    seq = submit.read_jobs(ab.cells[1].run_dir)
+    seq = job_records.read_jobs(ab.cells[1].run_dir)
     assert {g: r["job_id"] for g, r in seq.items()} == {"train": "1005", "eval": "1006", "specbench": "1007"}
-    assert submit.read_jobs(ab.cells[0].run_dir)["train"]["job_id"] == "1000_0"
+    assert job_records.read_jobs(ab.cells[0].run_dir)["train"]["job_id"] == "1000_0"
     # A timed-out training goes out again, and so do its eval/specbench, cancelled with it (kill-on-invalid-dep).
     set_states(fake_slurm, j1000_0="TIMEOUT", j1001="CANCELLED", j1002="CANCELLED")
     ablate.run_ablation(recipe, **kw)
@@ -175,10 +178,10 @@ def test_status_lists_every_stage_with_its_state_and_the_log_tail(tmp_path, fake
     recipe = _grid(tmp_path)
     ab = ablate.run_ablation(recipe, results_root=tmp_path / "res", launcher=LAUNCHER, show_progress=False)
     set_states(fake_slurm, j1000_0="RUNNING", j1000_1="OUT_OF_MEMORY", j1003="CANCELLED", j1004="CANCELLED")
-    failed = submit.read_jobs(ab.cells[1].run_dir)["train"]
+    failed = job_records.read_jobs(ab.cells[1].run_dir)["train"]
     Path(failed["stderr"]).parent.mkdir(parents=True, exist_ok=True)
     Path(failed["stderr"]).write_text("loading\nslurmstepd: error: Detected 1 oom-kill event(s)\n")
-    rows = launch_status.grid_status(ablate.plan(recipe, results_root=tmp_path / "res"))
+    rows = launch_status.grid_status(grid_plan.plan(recipe, results_root=tmp_path / "res"))
     by = {(r.run, r.stage): r for r in rows}
     assert by[("ntp-s0", "train")].state == "running" and by[("ntp-s0", "eval")].state == "queued"
     assert by[("ntp-s0", "export")].job_id == by[("ntp-s0", "eval")].job_id == "1001"
@@ -219,21 +222,21 @@ def test_launcher_and_track_do_not_change_the_recipe_version(tmp_path):
     with_launcher = tmp_path / "b.toml"
     with_launcher.write_text(ablation_toml("v", extra='[launcher]\nkind = "slurm"\npartition = "gpu"\n')
                              .replace("peak_flops = 1e11", 'peak_flops = 1e11\ntrack = "tensorboard"'))
-    assert ablate.fingerprint(plain) == ablate.fingerprint(with_launcher)
-    assert ablate.plan(with_launcher).recipe.launcher.partition == "gpu"
+    assert cells.fingerprint(plain) == cells.fingerprint(with_launcher)
+    assert grid_plan.plan(with_launcher).recipe.launcher.partition == "gpu"
 
 
 def test_missing_runs_names_what_the_folder_lacks(tiny_ablation, tmp_path):
-    assert launch_status.missing_runs(tiny_ablation) == []
+    assert results.missing_runs(tiny_ablation) == []
     import shutil
 
     folder = tmp_path / tiny_ablation.name
     shutil.copytree(tiny_ablation, folder, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
     (folder / "runs" / "seq-d1-s0" / "specbench.json").unlink()
     shutil.rmtree(folder / "runs" / "ntp-s0")
-    assert launch_status.missing_runs(folder) == [("ntp-s0", ["train", "export", "eval", "specbench"]),
+    assert results.missing_runs(folder) == [("ntp-s0", ["train", "export", "eval", "specbench"]),
                                                   ("seq-d1-s0", ["export", "specbench"])]  # no export copied
-    assert launch_status.missing_runs(tmp_path / "nowhere") == []
+    assert results.missing_runs(tmp_path / "nowhere") == []
 
 
 # ---- submitit's local executor: real jobs on this machine -------------------------------------------------
@@ -252,10 +255,10 @@ def _strip(obj):
 
 
 def _local_executor(ab_recipe, root, **kw):
-    ab = ablate.plan(ab_recipe, results_root=root)
-    ablate.check_lock(ab, False)
-    ablate.write_lock(ab)
-    settings = ablate._launch_settings(ab, {"kind": "slurm", "gpus_per_node": 0, **kw}, None, False)
+    ab = grid_plan.plan(ab_recipe, results_root=root)
+    lock.check_lock(ab, False)
+    lock.write_lock(ab)
+    settings = grid_plan.launch_settings(ab, {"kind": "slurm", "gpus_per_node": 0, **kw}, None, False)
     return submit.submit_ablation(ab, settings, wait=True, show_progress=False, cluster="local", poll_s=0.5)
 
 
@@ -267,7 +270,7 @@ def test_local_executor_grid_equals_the_local_launcher(tiny_ablation, tmp_path, 
     assert not ab.failures, ab.failures
     mine = ab.results_dir
     files = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()  # noqa: E731
-                             and "slurm" not in p.relative_to(d).parts and p.name != submit.JOBS_JSON)
+                             and "slurm" not in p.relative_to(d).parts and p.name != job_records.JOBS_JSON)
     assert files(mine) == files(tiny_ablation)
     for run in ("ntp-s0", "seq-d1-s0"):
         a, b = tiny_ablation / "runs" / run, mine / "runs" / run
@@ -294,17 +297,17 @@ def _submit_until_first_checkpoint(tmp_path, name: str):
     recipe = tmp_path / f"{name}.toml"
     recipe.write_text(ablation_toml(name, steps=STEPS, eval_tasks=(), specbench=False, ckpt_every=100,
                                     variants='[[variants]]\nname = "ntp"\n'))
-    ab = ablate.plan(recipe, results_root=tmp_path / "res")
-    ablate.write_lock(ab)
-    settings = ablate._launch_settings(ab, {"kind": "slurm", "gpus_per_node": 0}, None, False)
+    ab = grid_plan.plan(recipe, results_root=tmp_path / "res")
+    lock.write_lock(ab)
+    settings = grid_plan.launch_settings(ab, {"kind": "slurm", "gpus_per_node": 0}, None, False)
     submission = _in_background(submit.submit_ablation, ab, settings, show_progress=False, cluster="local", poll_s=0.2)
     run = ab.cells[0].run_dir
-    while "train" not in submit.read_jobs(run):
+    while "train" not in job_records.read_jobs(run):
         time.sleep(0.1)
-    job = submit.read_jobs(run)["train"]
+    job = job_records.read_jobs(run)["train"]
     deadline = time.time() + 300
     while not (run / "checkpoint.pt").is_file():
-        assert time.time() < deadline and submit.job_state(job) == "running"
+        assert time.time() < deadline and job_records.job_state(job) == "running"
         time.sleep(0.2)
     return ab, run, job, submission
 
@@ -315,19 +318,19 @@ def test_a_killed_training_job_is_resumed_by_the_rerun(tmp_path, monkeypatch):
     ab, run, job, submission = _submit_until_first_checkpoint(tmp_path, "kill")
     _kill_tree(int(job["job_id"]))  # the job controller and everything under it, as a node failure would
     deadline = time.time() + 30
-    while submit.job_state(job) == "running":
+    while job_records.job_state(job) == "running":
         assert time.time() < deadline
         time.sleep(0.2)
     head = (run / "metrics.jsonl").read_text()
     step = json.loads(head.splitlines()[-1])["step"]
-    assert step < STEPS and submit.job_state(job) == "failed"
+    assert step < STEPS and job_records.job_state(job) == "failed"
     submission.join(60)  # it followed the training (no dependencies here) and stops with it
     assert not submission.is_alive()
-    row = launch_status.grid_status(ablate.plan(ab.source, results_root=tmp_path / "res"))[0]
+    row = launch_status.grid_status(grid_plan.plan(ab.source, results_root=tmp_path / "res"))[0]
     assert (row.stage, row.state, row.job_id) == ("train", "failed", job["job_id"])
     ab = _local_executor(ab.source, tmp_path / "res")
     assert not ab.failures, ab.failures
-    assert submit.read_jobs(run)["train"]["job_id"] != job["job_id"]
+    assert job_records.read_jobs(run)["train"]["job_id"] != job["job_id"]
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines if '"train"' in x] == list(range(1, STEPS + 1))
     assert json.loads((run / "run.json").read_text())["status"] == "done"
@@ -370,10 +373,10 @@ def test_a_preempted_training_is_requeued_and_resumes_from_its_checkpoint(tmp_pa
     (task,) = [int(x) for x in Path(f"/proc/{controller}/task/{controller}/children").read_text().split()]
     os.kill(task, signal.SIGUSR2)
     deadline = time.time() + 600
-    while submit.job_state(job) == "running":
+    while job_records.job_state(job) == "running":
         assert time.time() < deadline
         time.sleep(0.5)
-    assert submit.job_state(job) == "completed"
+    assert job_records.job_state(job) == "completed"
     submission.join(300)
     log = Path(job["stderr"]).read_text() + Path(job["stdout"]).read_text()
     assert "Requeued job" in log and "preempted" in log

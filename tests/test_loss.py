@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_model_config
+from helpers import tiny_model_config
 
 from mtp_cli.config import MTPConfig
 from mtp_cli.model import MTPModel

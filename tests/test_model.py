@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import tiny_model_config
+from helpers import tiny_model_config
 
 from mtp_cli.config import MTPConfig
 from mtp_cli.errors import UserError

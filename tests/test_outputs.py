@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import cli_in_process, folder_snapshot, micro_recipe, write_recipe
+from helpers import cli_in_process, folder_snapshot, micro_recipe, write_recipe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -219,18 +219,18 @@ def test_the_cached_peak_is_raised_to_what_training_reached(tmp_path):
 
 
 def test_the_resume_hint_locates_the_same_ablation(monkeypatch):
-    from mtp_cli import ablate
+    from mtp_cli.grid import plan as grid_plan
 
-    monkeypatch.delenv(ablate.RESUME_ENV, raising=False)
-    assert ablate.resume_command("quick") == "mtp ablate --recipe quick"
-    hint = ablate.resume_command("recipes/quick.toml", only="ntp", seeds=[0], results_root="my results")
+    monkeypatch.delenv(grid_plan.RESUME_ENV, raising=False)
+    assert grid_plan.resume_command("quick") == "mtp ablate --recipe quick"
+    hint = grid_plan.resume_command("recipes/quick.toml", only="ntp", seeds=[0], results_root="my results")
     assert hint == "mtp ablate --recipe recipes/quick.toml --results-root 'my results' --only ntp --seeds 0"
-    monkeypatch.setenv(ablate.RESUME_ENV, "make report THREADS=1")
-    assert ablate.resume_command("quick", results_root="runs/results") == "make report THREADS=1"
+    monkeypatch.setenv(grid_plan.RESUME_ENV, "make report THREADS=1")
+    assert grid_plan.resume_command("quick", results_root="runs/results") == "make report THREADS=1"
 
 
 def test_make_report_and_ablate_share_one_results_root():
-    from conftest import REPO
+    from helpers import REPO
 
     from mtp_cli import paths
 
@@ -241,11 +241,11 @@ def test_make_report_and_ablate_share_one_results_root():
 
 
 def test_the_grid_eta_comes_from_the_plan(tmp_path):
-    from mtp_cli import ablate
-    from mtp_cli.ablate import GridView
+    from mtp_cli.grid import plan as grid_plan
+    from mtp_cli.grid.view import GridView
 
     recipe = write_recipe(micro_recipe("ntp", steps=2), tmp_path / "micro.toml")
-    ab = ablate.plan(recipe, results_root=tmp_path / "res")
+    ab = grid_plan.plan(recipe, results_root=tmp_path / "res")
     work = [(cell, list(cell.pending)) for cell in ab.cells]
     view = GridView(ab, work, disable=False)
     task = view.progress.tasks[0]
@@ -269,14 +269,15 @@ def test_a_partial_report_counts_the_seeds_evaluated(tmp_path):
 
 
 def test_the_ablation_log_sums_a_resumed_trainings_segments(tmp_path):
-    from mtp_cli import ablate
     from mtp_cli.checkpoint import write_json
+    from mtp_cli.grid import lock
+    from mtp_cli.grid import plan as grid_plan
 
     recipe = write_recipe(micro_recipe("ntp", steps=2), tmp_path / "micro.toml")
-    ab = ablate.plan(recipe, results_root=tmp_path / "res")
+    ab = grid_plan.plan(recipe, results_root=tmp_path / "res")
     cell = ab.cells[0]
     cell.run_dir.mkdir(parents=True)
     write_json(cell.run_dir / "run.json", {"segments": [{"seconds": 100.0}, {"seconds": 7.0}]})
-    ablate._log_stage(ab, cell, "train", 8.0)
+    lock.record_stage_time(ab, cell, "train", 8.0)
     logged = json.loads((cell.run_dir / "ablate.json").read_text())["stages"]["train"]
     assert logged["seconds"] == 108.0 and logged["segments"] == 2

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from mtp_cli import corpus
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.model import pretrained
@@ -196,7 +197,7 @@ def test_unsupported_and_missing_sources(tmp_path):
 def test_bad_input_is_one_line_exit_2(checkpoints, tmp_path, capsys, monkeypatch):
     """Through the CLI entry point: a missing source, an unsupported architecture, --freeze-trunk with
     ntp, a recipe contradicting the checkpoint, and --resume with another source: one line, exit 2."""
-    from conftest import cli_in_process
+    from helpers import cli_in_process
     from transformers import GPT2Config, GPT2LMHeadModel
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -223,7 +224,7 @@ def test_bad_input_is_one_line_exit_2(checkpoints, tmp_path, capsys, monkeypatch
 
 
 def _frozen_recipe(folder: Path, **data_kw):
-    from conftest import TINY_FILES
+    from helpers import TINY_FILES
 
     from mtp_cli.config import DataConfig, MTPConfig, Recipe, TrainConfig
 
@@ -259,10 +260,10 @@ def test_frozen_trunk_is_bit_identical_after_training(checkpoints, case, tmp_pat
 def test_self_distilled_data_is_the_trunks_greedy_text(checkpoints, tmp_path):
     """The self corpus is prompt + greedy continuation, as transformers' own greedy decoding writes it,
     cached under a key that carries the trunk's weights hash."""
-    from conftest import TINY_FILES
+    from helpers import TINY_FILES
 
+    from mtp_cli import selfdistill
     from mtp_cli.config import DataConfig
-    from mtp_cli.data import selfdistill
 
     folder = checkpoints["llama-gqa-untied"]
     cfg = DataConfig(source="self", self_prompts="files", paths=list(TINY_FILES[:2]), self_samples=3,
@@ -303,10 +304,9 @@ def test_bad_combinations_are_errors(checkpoints):
 def test_eval_hf_heldout_matches_transformers(checkpoints, tmp_path):
     """`mtp eval --hf` scores the checkpoint itself: its held-out loss is transformers' cross-entropy
     on the same validation windows."""
-    from conftest import TINY_FILES
+    from helpers import TINY_FILES
 
     from mtp_cli.config import load_recipe
-    from mtp_cli.data import shards
     from mtp_cli.evals.runner import hf_run, run_eval
 
     folder = checkpoints["qwen2-biased-gqa"]
@@ -316,7 +316,7 @@ def test_eval_hf_heldout_matches_transformers(checkpoints, tmp_path):
                    show_progress=False)
     assert doc["hf"]["weights_sha256"] == pretrained.weights_hash(folder) and doc["context"] == 48
     run, _ = hf_run(str(folder), str(recipe_file))
-    val = shards.prepare_for(run.recipe).val
+    val = corpus.prepare_for(run.recipe).val
     ids = torch.from_numpy(val[:3 * 48 + 1].astype("int64"))
     windows = torch.stack([ids[i * 48:(i + 1) * 48 + 1] for i in range(3)])
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -333,7 +333,7 @@ def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
     recipe, two frozen-trunk D=1 modules train from its export (self-distilled data, corpus), eval and specbench
     run, and the baseline is the export evaluated as it is. The trunk's held-out loss is the baseline's in every
     run, and the trunk weights are the source's bit for bit."""
-    from conftest import ablation_toml
+    from helpers import ablation_toml
 
     from mtp_cli.ablate import run_ablation
     from mtp_cli.checkpoint import load_checkpoint
@@ -403,7 +403,7 @@ def test_frozen_trunk_runs_without_autograd(checkpoints):
 def test_cli_train_init_from_uses_the_checkpoint(checkpoints, tmp_path, capsys, monkeypatch):
     """`mtp train --init-from` with a recipe that sets only the context: the checkpoint's architecture and
     tokenizer, and run.json records the source and its weights' hash."""
-    from conftest import TINY_FILES, cli_in_process
+    from helpers import TINY_FILES, cli_in_process
 
     monkeypatch.chdir(tmp_path)
     folder = checkpoints["qwen2-biased-gqa"]
@@ -423,7 +423,7 @@ def test_cli_train_init_from_uses_the_checkpoint(checkpoints, tmp_path, capsys, 
 
 def test_runs_stored_before_these_keys_still_resume(tmp_path):
     """A run.json written before qkv_bias/rope_scaling/init_from/freeze_trunk/self_* existed is the same run."""
-    from conftest import micro_recipe
+    from helpers import micro_recipe
 
     from mtp_cli.train import _check_out_dir
 

@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from mtp_cli import cli, compare, report, results, resultset, stats
+from mtp_cli.grid import stages
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -22,12 +23,11 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture
 def no_training(monkeypatch):
     """Any attempt to train, export, evaluate or benchmark fails the test."""
-    import mtp_cli.ablate as ablate
     import mtp_cli.train as trainer
 
     monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("the report trained a model"))
-    for name in list(ablate.STAGE_FUNCS):
-        monkeypatch.setitem(ablate.STAGE_FUNCS, name, lambda *a, _n=name: pytest.fail(f"the report ran {_n}"))
+    for name in list(stages.STAGE_FUNCS):
+        monkeypatch.setitem(stages.STAGE_FUNCS, name, lambda *a, _n=name: pytest.fail(f"the report ran {_n}"))
 
 
 def add_second_seed(folder):
@@ -152,7 +152,7 @@ def test_summarize_keeps_rates_inside_0_1():
 
 
 def test_summary_columns_are_documented_once():
-    from conftest import REPO
+    from helpers import REPO
 
     names = [c.name for c in results.COLUMNS]
     assert len(names) == len(set(names)) and all(c.doc for c in results.COLUMNS)

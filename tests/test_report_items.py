@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, folder_snapshot
+from helpers import REPO, folder_snapshot
 from rich.console import Console
 from synthetic_results import COMMIT, make_results, per_item_values
 

@@ -10,7 +10,7 @@ import re
 import subprocess
 
 import pytest
-from conftest import REPO, ablation_toml, cli_in_process
+from helpers import REPO, ablation_toml, cli_in_process
 from rich.console import Console
 
 from mtp_cli import paths
@@ -114,7 +114,7 @@ def test_ablate_dry_run_checks_the_output_folder(tmp_path, capsys):
 
 
 def test_the_data_path_is_not_part_of_the_recipe_fingerprint(tmp_path):
-    from mtp_cli.ablate import fingerprint
+    from mtp_cli.grid.cells import fingerprint
 
     text = (REPO / "recipes" / "quick.toml").read_text()
     moved = tmp_path / "quick.toml"

@@ -11,13 +11,13 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, cli_in_process
+from helpers import REPO, cli_in_process
 
+from mtp_cli.bench.run import median_ci, ratio_ci, render_table, run_specbench
 from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER, load_run
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.decode.bench import median_ci, ratio_ci, render_table, run_specbench
-from mtp_cli.decode.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_prompts
+from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_prompts
 from mtp_cli.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -71,7 +71,7 @@ def test_sequential_report(tiny_runs, tmp_path):
     assert re.fullmatch(r"[0-9a-f]{40}", report["git_commit"])  # the report credits the code that measured it
     from rich.console import Console
 
-    from mtp_cli.decode.bench import render_table
+    from mtp_cli.bench.run import render_table
     console = Console(width=250, record=True)
     console.print(render_table(report))
     text = " ".join(console.export_text().split())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mtp_cli import corpus
 from mtp_cli.checkpoint import load_run
 from mtp_cli.decode.engine import engine_for
 from mtp_cli.decode.generate import generate, prefill, probs_from_logits
@@ -359,11 +360,10 @@ def test_top_tokens_and_coverage():
 
 def test_training_stores_token_counts(runs):
     run = runs["sequential"]
-    from mtp_cli.data import shards
     from mtp_cli.decode.draft_vocab import count_tokens
 
     assert run.token_counts is not None
-    assert torch.equal(run.token_counts, count_tokens(shards.prepare_for(run.recipe).train, run.recipe.model.vocab_size))
+    assert torch.equal(run.token_counts, count_tokens(corpus.prepare_for(run.recipe).train, run.recipe.model.vocab_size))
 
 
 @pytest.mark.parametrize("objective,draft_len,vocab", [("sequential", 1, False), ("parallel", 1, False),

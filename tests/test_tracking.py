@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_in_process, micro_recipe
+from helpers import cli_in_process, micro_recipe
 
 from mtp_cli import results, tracking
 from mtp_cli.errors import UserError
+from mtp_cli.grid import stages
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -67,8 +68,8 @@ def test_eval_and_specbench_headlines_are_logged_after_their_stages(tiny_ablatio
     shutil.copytree(tiny_ablation / results.RUNS / "seq-d1-s0", run, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
     recipe = recipe_of_run(run)
     recipe.train.track = "tensorboard"
-    tracking.log_stage(recipe, run, "eval")
-    tracking.log_stage(recipe, run, "specbench")
+    stages.track_stage(recipe, run, "eval")
+    stages.track_stage(recipe, run, "specbench")
     acc = _event_accumulator(run / tracking.TENSORBOARD_DIR)
     row = results.summary_row(results.RunFolder(run))
     assert "eval/humaneval_pass1" in acc.Tags()["scalars"] and "specbench/spec_mal" in acc.Tags()["scalars"]

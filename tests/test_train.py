@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, checkpoint_weights, folder_snapshot, max_state_diff, micro_recipe
+from helpers import REPO, checkpoint_weights, folder_snapshot, max_state_diff, micro_recipe
 
 from mtp_cli import checkpoint as ckpt
 from mtp_cli import env
@@ -410,7 +410,7 @@ def test_resume_after_a_real_signal(tmp_path, sig):
     import sys
     import time
 
-    from conftest import write_recipe
+    from helpers import write_recipe
 
     recipe = micro_recipe("sequential", steps=300, depth=1)  # long enough that the signal lands mid-run
     recipe.train.ckpt_every = 5
@@ -470,7 +470,7 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only():
     """The training FLOPs formula, counted by hand from the config: with train.freeze_trunk the trunk
     (no-grad) costs its forward only, the modules 3 × forward, and their use of the frozen shared
     unembedding forward + input gradient (2 ×); unfrozen, everything is 3 × forward. cost.py agrees."""
-    from conftest import tiny_model_config, tiny_recipe
+    from helpers import tiny_model_config, tiny_recipe
 
     from mtp_cli import cost
     from mtp_cli.config import MTPConfig

@@ -49,7 +49,7 @@ def test_progress_is_a_rich_bar_in_a_terminal_and_log_lines_elsewhere(monkeypatc
 
 
 def test_train_into_a_log_file_prints_its_steps(tmp_path, capsys, single_thread):
-    from conftest import cli_in_process, micro_recipe, write_recipe
+    from helpers import cli_in_process, micro_recipe, write_recipe
 
     recipe = micro_recipe("ntp", steps=4)
     recipe.train.log_every = 2

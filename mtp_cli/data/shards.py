@@ -116,17 +116,6 @@ def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> 
     return TokenData(tok, load("train"), load("val"), key, meta["n_docs"], meta["n_bytes_val"])
 
 
-def prepare_for(recipe, show_progress: bool = False) -> TokenData:
-    """A run's data (`recipe` is a config.Recipe): `prepare`, with the self-distilled corpus of
-    train.init_from built (or read from its cache) first when data.source = "self"."""
-    docs = None
-    if recipe.data.source == "self":
-        from mtp_cli.data import selfdistill
-
-        docs = selfdistill.documents(recipe.data, recipe.train.init_from, cache_root(recipe.data), show_progress)
-    return prepare(recipe.data, recipe.model.vocab_size, docs)
-
-
 def comparison_config(cfg):
     """The data a run is compared on (held-out loss, heldout specbench prompts): its own, except for a
     self-distilled run, whose text is its trunk's output: then the corpus its prompts came from, as

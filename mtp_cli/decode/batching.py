@@ -58,8 +58,8 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
     import time
 
     from mtp_cli.checkpoint import load_run
+    from mtp_cli.decode.context import generation_budget, generation_cut
     from mtp_cli.errors import UserError
-    from mtp_cli.evals.context import generation_budget, generation_cut
 
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")

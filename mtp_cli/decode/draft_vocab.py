@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mtp_cli import corpus
 from mtp_cli.errors import UserError
 
 COUNT_TOKENS = 50_000_000  # a frequency ranking needs a sample, not a pass over a GPU-scale corpus
@@ -37,9 +38,8 @@ def run_counts(run) -> torch.Tensor:
     """The run's training-token counts: stored in its checkpoint, else counted from its data."""
     if run.token_counts is not None:
         return run.token_counts
-    from mtp_cli.data import shards
 
-    return count_tokens(shards.prepare_for(run.recipe).train, run.recipe.model.vocab_size)
+    return count_tokens(corpus.prepare_for(run.recipe).train, run.recipe.model.vocab_size)
 
 
 def top_tokens(counts: torch.Tensor, size: int) -> torch.Tensor | None:

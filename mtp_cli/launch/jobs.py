@@ -2,7 +2,7 @@
 
 A job carries a *cell spec*: the plain dict of one grid cell (its single-run recipe, run folder, variant,
 seed, and the ablation's name and fingerprint), from which `cell_from_spec` rebuilds the `ablate` objects,
-so every stage runs through `ablate._run_stage` exactly as `mtp ablate` runs it locally.
+so every stage runs through `grid.stages.run_stage` exactly as `mtp ablate` runs it locally.
 
 The training job is `submitit.helpers.Checkpointable`: when Slurm pre-empts it or its time runs out,
 submitit calls `checkpoint()`, which stops torchrun and hands back the same job, and submitit requeues it;
@@ -18,20 +18,20 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import submitit
 
 from mtp_cli import results
+from mtp_cli.config import Recipe, Variant, from_dict, recipe_from_dict
+from mtp_cli.grid.cells import Ablation, Cell
+from mtp_cli.grid.lock import locked
+from mtp_cli.grid.view import GridView
+from mtp_cli.launch.records import GROUPS
 
-# The job groups: which stages each kind of job runs.
-GROUPS = {"train": ("train",), "eval": ("export", "eval"), "specbench": ("specbench",)}
-GROUP_OF = {stage: group for group, stages in GROUPS.items() for stage in stages}
 
-
-def cell_spec(ab, cell) -> dict:
-    from dataclasses import asdict
-
+def cell_spec(ab: Ablation, cell: Cell) -> dict:
     return {"recipe_name": ab.recipe.name, "fingerprint": ab.fingerprint, "source": str(ab.source),
             "results_dir": str(ab.results_dir), "variant": asdict(cell.variant), "seed": cell.seed,
             "recipe": cell.recipe.to_dict(), "run_dir": str(cell.run_dir),
@@ -40,27 +40,22 @@ def cell_spec(ab, cell) -> dict:
 
 def cell_from_spec(spec: dict):
     """(Ablation, Cell) of one grid cell, rebuilt from its spec inside a job."""
-    from mtp_cli import ablate
-    from mtp_cli.config import Recipe, Variant, from_dict, recipe_from_dict
-
-    cell = ablate.Cell(from_dict(Variant, spec["variant"], "variant"), int(spec["seed"]),
+    cell = Cell(from_dict(Variant, spec["variant"], "variant"), int(spec["seed"]),
                        recipe_from_dict(spec["recipe"]), Path(spec["run_dir"]),
                        gsm8k=Path(spec["gsm8k"]) if spec.get("gsm8k") else None)
-    ab = ablate.Ablation(Recipe(name=spec["recipe_name"]), Path(spec["source"]), Path(spec["results_dir"]),
+    ab = Ablation(Recipe(name=spec["recipe_name"]), Path(spec["source"]), Path(spec["results_dir"]),
                          [cell], spec["fingerprint"])
     return ab, cell
 
 
 def run_stages(spec: dict, stages: tuple[str, ...]) -> list[str]:
     """Run those of `stages` the cell still lacks, in order, as `mtp ablate` does; raise on a failure."""
-    from mtp_cli import ablate
-
     ab, cell = cell_from_spec(spec)
     missing = [s for s in results.pending_stages(results.RunFolder(cell.run_dir), cell.recipe) if s in stages]
-    view = ablate.GridView(ab, [(cell, missing)], disable=True)
+    view = GridView(ab, [(cell, missing)], disable=True)
     ran = []
     for stage in missing:
-        if not ablate._run_stage(ab, cell, stage, view):
+        if not stages.run_stage(ab, cell, stage, view):
             raise StageFailed(ab.failures[-1])
         ran.append(stage)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -70,9 +65,7 @@ def run_stages(spec: dict, stages: tuple[str, ...]) -> list[str]:
 
 def write_summary(results_dir: Path) -> None:
     """summary.csv, rewritten by whichever job finishes, one at a time."""
-    from mtp_cli.ablate import _locked
-
-    with _locked(results_dir / results.SUMMARY):
+    with locked(results_dir / results.SUMMARY):
         results.write_summary(results_dir)
 
 

@@ -1,6 +1,5 @@
 """`mtp ablate --status RECIPE`: every run and stage of the grid with its state, read from the results
-folder and the recorded jobs (done, queued, running, failed with the tail of its log, or to do); and
-`missing_runs`, the runs a results folder still lacks, for `mtp report` to name."""
+folder and the recorded jobs (done, queued, running, failed with the tail of its log, or to do)."""
 
 from __future__ import annotations
 
@@ -8,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtp_cli import paths, results
+from mtp_cli.grid.cells import Ablation
+from mtp_cli.grid.plan import plan
+from mtp_cli.launch.records import GROUP_OF, job_state, read_jobs, refresh_states
 
 LOG_TAIL_LINES = 3
 
@@ -21,11 +23,8 @@ class StageState:
     detail: str = ""  # the log tail of a failure, or training progress
 
 
-def grid_status(ab) -> list[StageState]:
-    """The state of every stage of every cell of a planned ablation (`ablate.plan`)."""
-    from mtp_cli.launch.jobs import GROUP_OF
-    from mtp_cli.launch.submit import job_state, read_jobs, refresh_states
-
+def grid_status(ab: Ablation) -> list[StageState]:
+    """The state of every stage of every cell of a planned ablation (`grid.plan.plan`)."""
     rows = []
     all_records = {cell.name: read_jobs(cell.run_dir) for cell in ab.cells}
     if any(all_records.values()):
@@ -75,35 +74,15 @@ def status_table(ab, rows: list[StageState]):
     return table
 
 
-def missing_runs(results_dir: str | Path) -> list[tuple[str, list[str]]]:
-    """[(run name, stages it lacks)] for every run of the grid in `results_dir`'s recipe.lock.json that
-    is not complete (a run without any results lacks every stage); [] when there is no lock."""
-    from mtp_cli.config import recipe_from_dict
-
-    lock = results.read_lock(Path(results_dir))
-    if not isinstance(lock.get("recipe"), dict):
-        return []
-    recipe = recipe_from_dict(lock["recipe"])
-    missing = []
-    for variant in recipe.grid_variants():
-        for seed in recipe.seeds:
-            name = results.run_name(variant.name, seed)
-            run_recipe = recipe.for_run(variant, seed, validate=False)
-            pending = results.pending_stages(results.RunFolder(Path(results_dir) / results.RUNS / name), run_recipe)
-            if pending:
-                missing.append((name, pending))
-    return missing
-
-
 def _stage_failed_locally(run_dir: Path, stage: str) -> bool:
-    log = Path(run_dir) / "ablate.log"
+    log = Path(run_dir) / results.ABLATE_LOG
     return log.is_file() and f"--- {stage} failed at" in log.read_text(errors="replace")
 
 
 def _failure_tail(run_dir: Path, stage: str, record: dict | None) -> str:
     """The last lines of the job's stderr, else of the run's ablate.log entry for the stage."""
     candidates = [Path(record["stderr"])] if record and record.get("stderr") else []
-    candidates.append(Path(run_dir) / "ablate.log")
+    candidates.append(Path(run_dir) / results.ABLATE_LOG)
     for path in candidates:
         try:
             lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
@@ -116,7 +95,5 @@ def _failure_tail(run_dir: Path, stage: str, record: dict | None) -> str:
 
 def ablation_status(recipe_path, only=None, seeds=None, results_root=paths.RESULTS_ROOT):
     """(the planned ablation, the state of each of its stages) for `mtp ablate --status`."""
-    from mtp_cli import ablate
-
-    ab = ablate.plan(recipe_path, only, seeds, results_root)
+    ab = plan(recipe_path, only, seeds, results_root)
     return ab, grid_status(ab)

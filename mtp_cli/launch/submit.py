@@ -13,32 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 from mtp_cli import results, ui
 from mtp_cli.checkpoint import write_json
 from mtp_cli.config import LauncherConfig, time_minutes
 from mtp_cli.errors import UserError
-
-JOBS_JSON = "jobs.json"
-ACTIVE = {"queued", "running"}
-# Slurm states (sacct) in our words; anything else (FAILED, CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED,
-# OUT_OF_MEMORY, BOOT_FAIL, DEADLINE) is "failed". REQUEUED: a pre-empted training waiting to resume.
-SLURM_STATES = {"PENDING": "queued", "REQUEUED": "queued", "REQUEUE_HOLD": "queued", "REQUEUE_FED": "queued",
-                "CONFIGURING": "queued", "RUNNING": "running", "COMPLETING": "running", "SUSPENDED": "running",
-                "RESIZING": "running", "STAGE_OUT": "running", "SIGNALING": "running", "COMPLETED": "completed"}
-UNKNOWN_GRACE_S = 300  # a job sacct does not know yet, this soon after its submission, counts as queued
-
-
-def require_submitit() -> None:
-    try:
-        import submitit  # noqa: F401
-    except ImportError:
-        raise UserError("--launcher slurm needs submitit: pip install submitit  (or: pip install 'mtp[slurm]')") from None
+from mtp_cli.launch.records import ACTIVE, GROUPS, job_state, read_jobs, record_job, refresh_states, require_submitit
+from mtp_cli.launch.status import grid_status
 
 
 @dataclass
@@ -51,82 +35,6 @@ class Submission:
 
 
 # ---- job records ----------------------------------------------------------------------------------
-def read_jobs(run_dir: Path) -> dict:
-    try:
-        return json.loads((Path(run_dir) / JOBS_JSON).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def record_job(run_dir: Path, group: str, job, cluster: str) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    jobs = read_jobs(run_dir)
-    jobs[group] = {"job_id": str(job.job_id), "cluster": cluster, "folder": str(Path(job.paths.folder).resolve()),
-                   "stages": list(_groups()[group]), "submitted": _now(), "stdout": str(job.paths.stdout),
-                   "stderr": str(job.paths.stderr)}
-    write_json(run_dir / JOBS_JSON, jobs)
-
-
-def refresh_states(records: list[dict]) -> None:
-    """Ask sacct once about all these recorded Slurm jobs (through submitit's watcher); `job_state(...,
-    cached=True)` then reads the answers."""
-    require_submitit()
-    import submitit
-
-    ids = [r["job_id"] for r in records if r and r.get("cluster") == "slurm"]
-    if ids:
-        watcher = submitit.SlurmJob.watcher
-        for job_id in ids:
-            watcher.register_job(job_id)
-        watcher.update()
-
-
-def job_state(record: dict | None, cached: bool = False) -> str:
-    """queued | running | completed | failed | none, for a recorded job (asks sacct, or the local process);
-    `cached`: use the answer of the last `refresh_states`."""
-    if not record:
-        return "none"
-    import submitit
-
-    if record.get("cluster") == "local":
-        return _local_state(record)
-    try:
-        raw = submitit.SlurmJob.watcher.get_info(record["job_id"], mode="cache" if cached else "force").get("State")
-    except Exception:  # sacct missing or failing: we cannot tell
-        raw = None
-    raw = raw or "UNKNOWN"
-    raw = raw.split()[0].upper()  # "CANCELLED by 123"
-    if raw == "UNKNOWN":
-        age = time.time() - _parse_time(record.get("submitted"))
-        return "queued" if age < UNKNOWN_GRACE_S else "failed"
-    return SLURM_STATES.get(raw, "failed")
-
-
-def _local_state(record: dict) -> str:
-    import os
-    import pickle
-
-    from submitit.core.utils import JobPaths
-
-    pid = int(record["job_id"])
-    result = JobPaths(record["folder"], record["job_id"], 0).result_pickle
-    if result.is_file():
-        try:
-            with open(result, "rb") as f:
-                return "completed" if pickle.load(f)[0] == "success" else "failed"
-        except Exception:
-            return "failed"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "failed"
-    try:  # a pid of ours is alive unless the kernel reused it for something else
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return "running" if b"submitit" in cmdline and b"<defunct>" not in cmdline else "failed"
-    except OSError:
-        return "running"
-
-
 # ---- the executors ---------------------------------------------------------------------------------
 def job_folder(ab, launcher: LauncherConfig) -> Path:
     return Path(launcher.folder).expanduser() if launcher.folder else ab.results_dir / "slurm"
@@ -180,12 +88,6 @@ def _submit(executor, calls: list, what: str) -> list:
 
 
 # ---- what to submit --------------------------------------------------------------------------------
-def _groups():
-    from mtp_cli.launch.jobs import GROUPS
-
-    return GROUPS
-
-
 def submit_ablation(ab, launcher: LauncherConfig, wait: bool = False, show_progress: bool = True,
                     cluster: str = "slurm", poll_s: float | None = None):
     """Submit the grid's missing stages (nothing twice); with `wait`, follow them until they finish."""
@@ -210,8 +112,6 @@ def submit_ablation(ab, launcher: LauncherConfig, wait: bool = False, show_progr
     if not sub.submitted and not sub.kept:
         ui.console.print(f"nothing to do: every stage of the {len(ab.cells)} runs in {ab.results_dir} is done")
     if wait or sub.deferred:
-        from mtp_cli.launch.status import grid_status
-
         follow(ab, launcher, cluster, sub, show_progress, poll_s or (30.0 if cluster == "slurm" else 1.0))
         ab.summary = results.write_summary(ab.results_dir)
         ab.failures += [f"{r.run}: {r.stage} failed" + (f" (job {r.job_id})" if r.job_id else "") + f": {r.detail}"
@@ -224,7 +124,7 @@ def submit_ablation(ab, launcher: LauncherConfig, wait: bool = False, show_progr
 def submit_round(ab, launcher: LauncherConfig, cluster: str, sub: Submission, done_groups: set) -> None:
     """Submit every group of every cell that is missing and not queued or running; `done_groups`
     (cell, group) already submitted by this invocation are never submitted again by it."""
-    from mtp_cli.launch.jobs import GROUPS, StageJob, TrainJob, cell_spec
+    from mtp_cli.launch.jobs import StageJob, TrainJob, cell_spec  # jobs imports submitit (optional: the slurm extra)
 
     sub.deferred = []
     trains, after, upstream = [], [], {}  # upstream: run -> the training job its later stages wait for
@@ -293,7 +193,7 @@ def follow(ab, launcher: LauncherConfig, cluster: str, sub: Submission, show_pro
                 records = all_records[cell.name]
                 states = {g: job_state(records.get(g), cached=True) for g in records}
                 active |= any(s in ACTIVE for s in states.values())
-                info = " ".join(f"{g} {s}" for g, s in states.items() if any(st in pending for st in _groups()[g]))
+                info = " ".join(f"{g} {s}" for g, s in states.items() if any(st in pending for st in GROUPS[g]))
                 progress.update(rows[cell.name], completed=n - len(pending), info=info if pending else "done")
             if sub.deferred and not active:
                 submit_round(ab, launcher, cluster, sub, done_groups)
@@ -306,14 +206,3 @@ def follow(ab, launcher: LauncherConfig, cluster: str, sub: Submission, show_pro
             if not active:
                 break
             time.sleep(poll_s)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _parse_time(text: str | None) -> float:
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except (TypeError, ValueError):
-        return 0.0

@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtp_cli.decode.prompts import PROMPT_SETS
 from mtp_cli.errors import UserError
+
+PROMPT_SETS = ("humaneval", "gsm8k", "heldout")  # the named prompt sets (mtp_cli.data.prompts loads them)
+HELDOUT = "heldout"
 
 
 @dataclass(frozen=True)

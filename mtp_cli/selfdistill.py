@@ -26,7 +26,10 @@ import torch
 from mtp_cli import ui
 from mtp_cli.config import DataConfig
 from mtp_cli.data import sources
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.data.prompts import load_prompts
 from mtp_cli.errors import UserError
+from mtp_cli.model import pretrained
 
 BATCH = 64
 
@@ -45,8 +48,6 @@ def _corpus_prompts(cfg: DataConfig, tokenizer) -> list[list[int]]:
 
 def _text_prompts(cfg: DataConfig) -> list[str]:
     if cfg.self_prompts == "humaneval":
-        from mtp_cli.decode.prompts import load_prompts
-
         return load_prompts("humaneval", cfg.self_samples)
     docs = sources.documents(DataConfig(source="gsm8k", paths=cfg.paths))
     questions = [doc.split("\nAnswer:")[0] + "\nAnswer:" for doc in docs]
@@ -90,9 +91,6 @@ def documents(cfg: DataConfig, source: str | Path, cache_root: Path, show_progre
     """The self-distilled corpus of checkpoint `source` (built once, then read from the cache)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from mtp_cli.data import tokenizer as toklib
-    from mtp_cli.model import pretrained
 
     src = pretrained.read_source(source)
     tokenizer = toklib.load(src.path)

@@ -1,4 +1,4 @@
-"""`mtp ablate` for recipes whose runs start from a checkpoint (train.init_from).
+"""The grid for recipes whose runs start from a checkpoint (train.init_from).
 
 Three jobs, kept out of the grid loop:
 - the source stage: a local init_from that does not exist yet but that the recipe's `[source]` table
@@ -16,41 +16,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from mtp_cli import results, ui
+from mtp_cli.checkpoint import has_checkpoint
+from mtp_cli.config import load_recipe
 from mtp_cli.errors import UserError
-
-SOURCE = "source"
-BASELINE = "baseline"
-
-
-def source_run_dir(results_dir: Path, recipe) -> Path | None:
-    """Where the recipe's [source] table trains its source (None without one)."""
-    s = recipe.source
-    if not s.recipe:
-        return None
-    return results_dir / SOURCE / results.run_name(s.variant, s.seed)
-
-
-def source_export(results_dir: Path, recipe) -> Path:
-    """The [source] run's export: the init_from of every run of a recipe that leaves it out."""
-    return source_run_dir(results_dir, recipe) / results.EXPORT
+from mtp_cli.grid import stages
+from mtp_cli.grid.cells import Ablation, Cell, gsm8k_data
+from mtp_cli.grid.view import GridView
+from mtp_cli.model import gguf, pretrained
 
 
 def _is_local(init_from: str) -> bool:
     """A path (a folder or a .gguf file), not a Hub id or a GGUF short name."""
-    from mtp_cli.model import gguf
-
     if init_from in gguf.SHORT_NAMES:
         return False
     return init_from.startswith((".", "/", "~")) or init_from.count("/") != 1 or Path(init_from).expanduser().exists()
 
 
-def check(ab) -> str:
+def check(ab: Ablation) -> str:
     """Validate init_from for every cell; returns what is still to do ("" | "source"). Resolves each
     cell's recipe now when its checkpoint is already there."""
-    from mtp_cli.model import gguf, pretrained
-
     pending, notes = "", set()
-    produced = source_run_dir(ab.results_dir, ab.recipe)
+    produced = results.source_run_dir(ab.results_dir, ab.recipe)
     for cell in ab.cells:
         init_from = cell.recipe.train.init_from
         if not init_from:
@@ -62,7 +48,7 @@ def check(ab) -> str:
                     " and the recipe has no [source] table saying how to make it"
                 raise UserError(f"{cell.name}: train.init_from {init_from} does not exist{where}")
             _check_source_recipe(ab.recipe)
-            pending = SOURCE
+            pending = results.SOURCE
             continue
         if not _is_local(init_from) and not gguf.is_gguf(init_from) and not pretrained.in_hub_cache(init_from):
             notes.add(f"note: {init_from} is not in the local Hugging Face cache; it is downloaded and checked "
@@ -75,8 +61,6 @@ def check(ab) -> str:
 
 
 def _check_source_recipe(recipe) -> None:
-    from mtp_cli.config import load_recipe
-
     s = recipe.source
     src = load_recipe(s.recipe)
     names = [v.name for v in src.grid_variants()]
@@ -84,56 +68,41 @@ def _check_source_recipe(recipe) -> None:
         raise UserError(f"[source] variant {s.variant!r} is not in recipe {s.recipe} (variants: {', '.join(names)})")
 
 
-def make_source(ab, show_progress: bool = True) -> Path:
+def make_source(ab: Ablation, show_progress: bool = True) -> Path:
     """Train (resumably) and export the [source] run; returns its export folder."""
-    from mtp_cli import ablate
-    from mtp_cli.checkpoint import has_checkpoint
-    from mtp_cli.config import load_recipe
-    from mtp_cli.model.hf import ensure_export
+    from mtp_cli.model.hf import ensure_export  # see grid.stages.export
 
     s = ab.recipe.source
     src = load_recipe(s.recipe)
     variant = next(v for v in src.grid_variants() if v.name == s.variant)
-    run_dir = source_run_dir(ab.results_dir, ab.recipe)
-    cell = ablate.Cell(variant, s.seed, src.for_run(variant, s.seed), run_dir)
+    run_dir = results.source_run_dir(ab.results_dir, ab.recipe)
+    cell = Cell(variant, s.seed, src.for_run(variant, s.seed), run_dir)
     if not results.train_done(results.RunFolder(run_dir), cell.recipe) or not has_checkpoint(run_dir):
-        view = ablate.GridView(ab, [(cell, ["train"])], disable=not show_progress)
+        view = GridView(ab, [(cell, ["train"])], disable=not show_progress)
         with view.progress:
             view.start(cell, "train")
-            ablate._train(cell, view)
+            stages.train(cell, view)
     return ensure_export(run_dir, run_dir / results.EXPORT)
 
 
-def resolve_cell(cell) -> None:
-    from mtp_cli.model import pretrained
-
-    if cell.recipe.train.init_from:
-        pretrained.resolve_recipe(cell.recipe, cell.model_keys)
-
-
-def baseline_json(results_dir: Path) -> Path:
-    return results_dir / BASELINE / results.EVAL_JSON
-
-
-def baseline_source(ab) -> str:
+def baseline_source(ab: Ablation) -> str:
     """The checkpoint the baseline row evaluates: the runs' init_from (the [source]'s export, or the recipe's)."""
     return next((c.recipe.train.init_from for c in ab.cells if c.recipe.train.init_from), "")
 
 
-def baseline_pending(ab) -> bool:
+def baseline_pending(ab: Ablation) -> bool:
     cfg = ab.recipe.eval
     if not (cfg.baseline and cfg.enabled and cfg.tasks and baseline_source(ab)):
         return False
-    return not baseline_json(ab.results_dir).is_file()
+    return not results.baseline_json(ab.results_dir).is_file()
 
 
-def run_baseline(ab, show_progress: bool = True) -> Path:
+def run_baseline(ab: Ablation, show_progress: bool = True) -> Path:
     """`mtp eval --hf init_from --recipe <this recipe>` with the recipe's eval settings."""
-    from mtp_cli.ablate import gsm8k_data
-    from mtp_cli.evals.runner import run_eval
+    from mtp_cli.evals.runner import run_eval  # see grid.stages.export
 
     cfg = ab.recipe.eval
-    path = baseline_json(ab.results_dir)
+    path = results.baseline_json(ab.results_dir)
     ui.console.print(f"baseline: evaluating {baseline_source(ab)} as it is", highlight=False)
     run_eval(tasks=tuple(cfg.tasks), limit={t: cfg.limit(t) or 0 for t in cfg.tasks}, gsm8k_data=gsm8k_data(ab.recipe),
              json_path=path, show_progress=show_progress, hf=baseline_source(ab), recipe=str(ab.source),

