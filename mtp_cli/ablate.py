@@ -9,10 +9,10 @@ Under torchrun only the (collective) train stage runs; a plain `mtp ablate` afte
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from mtp_cli import outputs, paths, results, ui
+from mtp_cli.dist import dist_info
 from mtp_cli.errors import UserError
 from mtp_cli.grid import lock, plan, stages
 from mtp_cli.grid import source as source_stage
@@ -36,8 +36,7 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
     plan.preflight(ab)
     if dry_run:
         return ab
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    world, rank = dist_info().world, dist_info().rank
     if stale:
         if world > 1:  # every rank must see the same folder: discard it in one process first
             raise UserError(f"--force under torchrun: discard {ab.results_dir} first (remove it, or run "

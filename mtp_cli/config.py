@@ -29,7 +29,7 @@ SPEC_PROMPTS = ("humaneval", "gsm8k")
 TRACKERS = ("none", "tensorboard", "wandb")
 PARALLEL = ("ddp", "fsdp")  # train.parallel: how torchrun's processes share the model (mtp_cli/parallel.py)
 LAUNCHERS = ("local", "slurm")
-VARIANT_SECTIONS = ("model", "mtp", "data", "train")
+VARIANT_SECTIONS = ("model", "mtp", "data", "train", "eval", "specbench")
 ROPE_TYPES = ("default", "linear", "llama3")
 SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval")
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
@@ -369,7 +369,8 @@ class Variant:
     the grid seed sets both, so every variant at seed s shares initialisation and data order with NTP
     at seed s. A noise-floor cell is NTP with `init_seed_offset` > 0 (another initialisation, the same
     data order) or `data_seed_offset` > 0 (the same initialisation, another data order), paired with
-    NTP at the same grid seed like any variant."""
+    NTP at the same grid seed like any variant. `eval` and `specbench` override those sections for
+    this variant's runs (a noise floor has no drafters to time: `specbench = { enabled = false }`)."""
 
     name: str = ""
     description: str = ""
@@ -379,6 +380,8 @@ class Variant:
     mtp: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+    specbench: dict[str, Any] = field(default_factory=dict)  # e.g. {enabled = false} for a noise floor: no drafters
 
 
 @dataclass

@@ -18,6 +18,8 @@ import torch
 
 from mtp_cli import env, results
 from mtp_cli.config import Recipe
+from mtp_cli.model import MTPModel
+from mtp_cli.model.flops import flops_per_token, forward_flops_per_token
 
 ASSUMED_MFU = {"cpu": 0.5, "cuda": 0.35}  # fp32 on CPU reaches ~0.55 at the quick scale; bf16 on CUDA varies
 
@@ -31,9 +33,6 @@ class Estimate:
 def training_flops(recipe: Recipe) -> tuple[float, float, int]:
     """(training FLOPs per token, forward FLOPs per token, tokens per step) of a single-run recipe,
     without allocating the model; a frozen trunk (train.freeze_trunk) counts as it trains."""
-    from mtp_cli.model import MTPModel
-    from mtp_cli.train import flops_per_token, forward_flops_per_token
-
     with torch.device("meta"):
         model = MTPModel(recipe.model, recipe.mtp)
     if recipe.train.freeze_trunk:

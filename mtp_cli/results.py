@@ -50,6 +50,12 @@ ABLATE_LOG = "ablate.log"  # a run's stage failures, with their tracebacks
 METRICS = "metrics.jsonl"
 
 
+def _lambda_final(run: dict) -> float | None:
+    mtp = (run.get("recipe") or {}).get("mtp") or {}
+    final = run.get("lambda_final", mtp.get("lambda_final"))
+    return None if run.get("objective") == "ntp" or final is None else final
+
+
 def run_name(variant: str, seed: int) -> str:
     return f"{variant}-s{seed}"
 
@@ -273,7 +279,16 @@ COLUMNS: list[Column] = [
     Column("data_seed", "batch-order seed (train.data_seed; where unset, the initialisation seed)", lambda r: _data_seed(r.run)),
     Column("objective", "ntp | sequential | parallel", lambda r: r.run.get("objective")),
     Column("n_extra", "extra predictions: sequential depth D or parallel heads n-1", lambda r: _n_extra(r.run)),
-    Column("lambda", "MTP loss weight λ", lambda r: r.run.get("lambda") if r.run.get("objective") != "ntp" else None),
+    Column(
+        "lambda",
+        "MTP loss weight λ at the start of training",
+        lambda r: r.run.get("lambda") if r.run.get("objective") != "ntp" else None,
+    ),
+    Column(
+        "lambda_final",
+        "λ from lambda_switch of training on (DeepSeek-V3's schedule; empty: λ constant)",
+        lambda r: _lambda_final(r.run),
+    ),
     Column("mtp_input", "trunk state feeding sequential depth 1", lambda r: _mtp_input(r.run)),
     Column("trunk_layers", "trunk layers (compute-matched parallel heads remove n-1)", lambda r: r.run.get("trunk_layers")),
     Column("params_trunk", "trunk parameters (what is exported)", lambda r: _get(r.run, "params", "trunk")),

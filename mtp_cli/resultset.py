@@ -99,12 +99,17 @@ class ResultSet:
     def describe(self, variant: str) -> str:
         obj = self.first(variant, "objective")
         if obj == "sequential":
-            return f"sequential D={self.first(variant, 'n_extra')} λ={self.first(variant, 'lambda'):g} " \
+            return f"sequential D={self.first(variant, 'n_extra')} λ={self.lambda_text(variant)} " \
                    f"{self.first(variant, 'mtp_input')}"
         if obj == "parallel":
-            return f"parallel n={int(self.first(variant, 'n_extra')) + 1} λ={self.first(variant, 'lambda'):g}, " \
+            return f"parallel n={int(self.first(variant, 'n_extra')) + 1} λ={self.lambda_text(variant)}, " \
                    f"{self.first(variant, 'trunk_layers')}-layer trunk"
         return str(obj)
+
+    def lambda_text(self, variant: str) -> str:
+        """λ as it was through training: "0.3", or "0.3→0.1" when it dropped (DeepSeek-V3's schedule)."""
+        start, final = self.first(variant, "lambda"), self.first(variant, "lambda_final")
+        return f"{start:g}" if final is None or final == start else f"{start:g}→{final:g}"
 
     # ---- the source checkpoint before training (recipes that start from one) ------------------------
     @property

@@ -12,12 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,10 +30,12 @@ from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode.draft_vocab import count_tokens
+from mtp_cli.dist import DistInfo, dist_info
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout
 from mtp_cli.model import MTPModel, parallel_backward, pretrained
 from mtp_cli.model import loss as L
+from mtp_cli.model.flops import flops_per_token
 from mtp_cli.model.trunk import compile_blocks
 from mtp_cli.schedule import lr_at
 
@@ -58,55 +58,17 @@ def default_run_name(recipe: Recipe) -> str:
     return "-".join(parts)
 
 
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed(device_name: str) -> Dist:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return Dist()
+def init_distributed(device_name: str) -> DistInfo:
+    """Join the torchrun job's process group (gloo on CPU, nccl on CUDA); alone, nothing to join."""
+    info = dist_info()
+    if info.world == 1:
+        return info
     if not dist.is_initialized():
         backend = "nccl" if (device_name != "cpu" and torch.cuda.is_available()) else "gloo"
         dist.init_process_group(backend)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available() and device_name != "cpu":
-        torch.cuda.set_device(local)
-    return Dist(dist.get_rank(), dist.get_world_size(), local)
-
-
-def _flop_parts(model: MTPModel, context: int) -> tuple[float, float, float]:
-    """Forward FLOPs per token of (the trunk incl. its unembedding, the MTP modules/heads without it,
-    the extra predictions' use of the shared unembedding): 2 × matmul weights used + attention
-    scores/values (4 · context · d per block)."""
-    cfg = model.cfg
-    linears = lambda part: sum(m.weight.numel() for m in part.modules()  # noqa: E731
-                               if isinstance(m, nn.Linear) and m is not model.trunk.lm_head)
-    trunk = 2 * (linears(model.trunk) + cfg.vocab_size * cfg.d_model) + 4 * model.trunk.n_layers * context * cfg.d_model
-    modules = 2 * linears(model.mtp) + 4 * model.n_extra * context * cfg.d_model
-    return trunk, modules, 2 * cfg.vocab_size * cfg.d_model * model.n_extra
-
-
-def forward_flops_per_token(model: MTPModel, context: int) -> float:
-    """FLOPs per token of one forward pass (validation), trunk and modules."""
-    return sum(_flop_parts(model, context))
-
-
-def flops_per_token(model: MTPModel, context: int) -> float:
-    """Training FLOPs per token: 3 × forward (the backward is 2 ×). A frozen trunk (`model.frozen_trunk`,
-    set by train.freeze_trunk) runs under no-grad: its forward only. The extra predictions' unembedding
-    is then the frozen trunk's weight, so its backward forms the input's gradient only (1 × forward)."""
-    trunk, modules, extra_unembed = _flop_parts(model, context)
-    if model.frozen_trunk:
-        return trunk + 3 * modules + 2 * extra_unembed
-    return 3 * (trunk + modules + extra_unembed)
+        torch.cuda.set_device(info.local_rank)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), info.local_rank)
 
 
 def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool:
@@ -330,7 +292,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     counts = model.param_counts()
     summary = {
         "status": "running", "run": out.name, "objective": recipe.mtp.objective, "recipe": recipe.to_dict(),
-        "params": counts, "lambda": recipe.mtp.weight, "trunk_layers": model.trunk.n_layers,
+        "params": counts, "lambda": recipe.mtp.weight, "lambda_final": recipe.mtp.lambda_final,
+        "lambda_switch": recipe.mtp.lambda_switch, "trunk_layers": model.trunk.n_layers,
         "note": _architecture_note(recipe, model),
         "data": {"key": data.key, "train_tokens": len(data.train), "val_tokens": len(data.val),
                  "val_bytes": data.n_bytes_val, "documents": data.n_docs, "tokenizer": recipe.data.tokenizer,
@@ -468,13 +431,13 @@ def mfu(flops_per_s: float, peak: float | None) -> float | None:
     return flops_per_s / peak if peak and flops_per_s <= peak else None
 
 
-def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: Dist) -> None:
+def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: DistInfo) -> None:
     if ddp.main:
         ckpt.write_json(out / ckpt.RUN_JSON, {**summary, "status": status, "step": step})
 
 
 def _accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,
-                accum: int, mem_efficient: bool, ddp: Dist, autocast) -> dict[str, float]:
+                accum: int, mem_efficient: bool, ddp: DistInfo, autocast) -> dict[str, float]:
     """Forward+backward over `accum` micro-batches; returns the step's losses. Each loss (main, and each
     extra k) is its sum over this rank's valid targets divided by the count of valid targets in the
     whole global batch (every rank's micro-batches) over the world size: DDP and FSDP average the

@@ -28,8 +28,8 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
     from mtp_cli.config import MTPConfig, load_recipe
     from mtp_cli.env import peak_memory_mb, rss_mb
     from mtp_cli.model import MTPModel, parallel_backward
+    from mtp_cli.model.flops import flops_per_token
     from mtp_cli.model.trunk import compile_blocks
-    from mtp_cli.train import flops_per_token
 
     torch.manual_seed(0)
     recipe = load_recipe(recipe_name)

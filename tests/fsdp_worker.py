@@ -19,9 +19,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtp_cli import parallel
 from mtp_cli.config import ModelConfig, MTPConfig
+from mtp_cli.dist import DistInfo
 from mtp_cli.model import MTPModel
 from mtp_cli.model.loss import IGNORE
-from mtp_cli.train import Dist, _accumulate
+from mtp_cli.train import _accumulate
 
 MODEL = dict(vocab_size=97, n_layers=3, d_model=32, n_heads=2, ffn_hidden=64, context=16, zero_init_residual=False)
 CASES = {"ntp": (MTPConfig(objective="ntp"), {}),
@@ -62,7 +63,7 @@ def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def main(path: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    ddp = Dist(rank, world, 0)
+    ddp = DistInfo(rank, world, 0)
     x, y = batch()
     per = BATCH // world
     xr, yr = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]

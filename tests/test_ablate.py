@@ -274,7 +274,7 @@ def test_shipped_recipes_load_and_plan(tmp_path):
         ab = grid_plan.plan(name, results_root=tmp_path)
         assert len(ab.cells) == len(recipe.grid_variants()) * len(recipe.seeds)
     quick = load_recipe("quick")
-    assert [v.name for v in quick.variants] == ["ntp", "parallel-n4", "seq-d1"]
+    assert [v.name for v in quick.variants] == ["ntp", "parallel-n4", "seq-d1", "ntp-init"]
     runs = {v.name: quick.for_run(v, 0) for v in quick.variants}
     assert runs["parallel-n4"].mtp.heads == 4 and runs["parallel-n4"].mtp.compute_matched
     assert runs["seq-d1"].mtp.depth == 1 and runs["seq-d1"].mtp.weight == 0.3
@@ -334,3 +334,14 @@ def test_committed_results_without_checkpoints_or_exports_need_nothing(tiny_abla
                     ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
     ab = grid_plan.plan(results.read_lock(tiny_ablation)["source"], results_root=tmp_path / "res")
     assert [c.pending for c in ab.cells] == [[], []]
+
+
+def test_a_variant_can_switch_off_its_specbench(tmp_path):
+    """A noise floor has no drafters to time: `specbench = { enabled = false }` on the variant leaves its
+    runs without a specbench stage and the other variants' runs with one."""
+    variants = ('[[variants]]\nname = "ntp"\n\n[[variants]]\nname = "ntp-init"\ninit_seed_offset = 1000\n'
+                'specbench = { enabled = false }\n')
+    recipe = tmp_path / "floor.toml"
+    recipe.write_text(ablation_toml("floor", variants=variants))
+    pending = {c.variant.name: c.pending for c in grid_plan.plan(recipe, results_root=tmp_path / "res").cells}
+    assert pending == {"ntp": ["train", "export", "eval", "specbench"], "ntp-init": ["train", "export", "eval"]}

@@ -234,7 +234,7 @@ def test_heads_flag_picks_parallel(base_run, tmp_path, monkeypatch, single_threa
 
 def test_resume_continues_with_the_runs_own_recipe(tmp_path, monkeypatch, capsys, single_thread):
     """`mtp train --out RUN --resume`, no other flag: the run's own recipe and step count (a 4-step
-    sequential run stopped at step 2 ends at step 4 — not the quick recipe's 160, not a settings error)."""
+    sequential run stopped at step 2 ends at step 4 — not the quick recipe's 80, not a settings error)."""
     from mtp_cli import train as trainer
 
     recipe = micro_recipe("sequential", steps=4, depth=1)

@@ -37,6 +37,9 @@ def test_truncate_at_first_stop_sequence():
     assert humaneval.truncate(text) == "    return x\n\n"
     assert humaneval.truncate("    return 1\n# comment\nprint(1)") == "    return 1"
     assert humaneval.truncate("    return 1") == "    return 1"
+    # a chat-tuned model closes its code fence and explains: cut there, as lm-eval's humaneval_instruct does
+    chat = "    return sorted(set(l))\n```\n\nThis function removes duplicates."
+    assert humaneval.truncate(chat) == "    return sorted(set(l))\n"
 
 
 def test_our_score_equals_human_evals_own_on_the_same_file(tmp_path):

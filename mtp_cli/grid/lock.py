@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mtp_cli import env, results
 from mtp_cli.checkpoint import write_json
+from mtp_cli.dist import dist_info
 from mtp_cli.errors import UserError
 from mtp_cli.grid.cells import Ablation, Cell
 
@@ -42,7 +43,7 @@ def discard(results_dir: Path) -> None:
 
 
 def write_lock(ab: Ablation) -> None:
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not dist_info().main:
         return
     ab.results_dir.mkdir(parents=True, exist_ok=True)
     path = ab.results_dir / results.LOCK
@@ -54,7 +55,7 @@ def write_lock(ab: Ablation) -> None:
 
 
 def record_stage_time(ab: Ablation, cell: Cell, stage: str, seconds: float) -> None:
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not dist_info().main:
         return
     path = cell.run_dir / results.ABLATE_JSON
     with locked(path):  # Slurm runs a run's eval and specbench jobs side by side

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import math
 import multiprocessing
-import os
 import signal
 import time
 import traceback
@@ -18,6 +17,7 @@ import torch
 
 from mtp_cli import results, tracking, ui
 from mtp_cli.config import Recipe, recipe_from_dict
+from mtp_cli.dist import dist_info
 from mtp_cli.errors import UserError
 from mtp_cli.grid.cells import Ablation, Cell
 from mtp_cli.grid.lock import now, record_stage_time
@@ -41,7 +41,7 @@ def run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
         ui.console.print(f"[red]{cell.name}: {stage} failed[/red] ({type(exc).__name__}: {exc})", highlight=False)
         return False
     record_stage_time(ab, cell, stage, time.perf_counter() - t0)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if dist_info().main:
         track_stage(cell.recipe, cell.run_dir, stage)
     return True
 
@@ -72,7 +72,7 @@ def resolve_cell(cell: Cell) -> None:
 def train(cell: Cell, view: GridView) -> None:
     """Train in a fresh process, so that its peak memory is its own (not the ablation's so far) and
     no state leaks between runs. Under torchrun the ranks train in-process (the collectives need them)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if dist_info().world > 1:
         from mtp_cli.train import train as train_run  # see `export`
 
         resolve_cell(cell)

@@ -25,6 +25,7 @@ import submitit
 
 from mtp_cli import results
 from mtp_cli.config import Recipe, Variant, from_dict, recipe_from_dict
+from mtp_cli.dist import dist_info
 from mtp_cli.grid.cells import Ablation, Cell
 from mtp_cli.grid.lock import locked
 from mtp_cli.grid.view import GridView
@@ -58,7 +59,7 @@ def run_stages(spec: dict, stages: tuple[str, ...]) -> list[str]:
         if not stages.run_stage(ab, cell, stage, view):
             raise StageFailed(ab.failures[-1])
         ran.append(stage)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if dist_info().main:
         write_summary(Path(spec["results_dir"]))
     return ran
 
