@@ -19,8 +19,8 @@ from typing import Any
 
 from mtp_cli.conditions import plan_conditions
 from mtp_cli.errors import UserError
+from mtp_cli.paths import RECIPES_DIR
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 OBJECTIVES = ("ntp", "sequential", "parallel")
 MTP_INPUTS = ("post-norm", "pre-norm")
 SCHEDULES = ("cosine", "wsd")

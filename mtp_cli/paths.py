@@ -9,6 +9,7 @@ recipe value) asks for lm-eval's stock online task.
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from pathlib import Path
 
@@ -21,6 +22,19 @@ GSM8K_BUNDLED = "data/gsm8k"
 HUB = "hub"
 
 
+def shipped(folder: str) -> Path:
+    """A folder the repository keeps at its top level (`recipes`, `data/gsm8k`) and the wheel ships at the
+    same place inside the package (pyproject.toml: package-dir): a source checkout's own, else the
+    installed copy."""
+    if (REPO / folder).is_dir():
+        return REPO / folder
+    return Path(str(importlib.resources.files("mtp_cli").joinpath(*folder.split("/"))))
+
+
+RECIPES_DIR = shipped("recipes")
+GSM8K_DIR = shipped(GSM8K_BUNDLED)
+
+
 def gsm8k_data(flag: str | Path | None = None, recipe_value: str | None = None) -> Path | None:
     """The GSM8K folder to use (absolute), or None for the stock task on the Hugging Face hub."""
     for value, base in ((flag, Path.cwd()), (os.environ.get(GSM8K_ENV) or None, Path.cwd()), (recipe_value, REPO)):
@@ -29,9 +43,11 @@ def gsm8k_data(flag: str | Path | None = None, recipe_value: str | None = None) 
         text = str(value).strip()
         if text in ("", HUB):
             return None
+        if base == REPO and text == GSM8K_BUNDLED:
+            return GSM8K_DIR  # the recipes' "data/gsm8k": the shipped copy, in a checkout or a wheel
         path = Path(text).expanduser()
         return path if path.is_absolute() else (base / path).resolve()
-    return REPO / GSM8K_BUNDLED
+    return GSM8K_DIR
 
 
 def shown(path: str | Path) -> str:

@@ -1,0 +1,577 @@
+"""Typed configuration: model, MTP objective, data, training, and the recipe that bundles them.
+
+Recipes are TOML; every section maps onto one dataclass here, unknown keys are errors, and
+CLI flags override recipe values through `Recipe.override`. Validation lives here so that
+every entry point (train, ablate, tests) rejects the same bad input the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtp_cli.conditions import plan_conditions
+from mtp_cli.errors import UserError
+from mtp_cli.paths import RECIPES_DIR
+
+OBJECTIVES = ("ntp", "sequential", "parallel")
+MTP_INPUTS = ("post-norm", "pre-norm")
+SCHEDULES = ("cosine", "wsd")
+EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
+SPEC_PROMPTS = ("humaneval", "gsm8k")
+TRACKERS = ("none", "tensorboard", "wandb")
+PARALLEL = ("ddp", "fsdp")  # train.parallel: how torchrun's processes share the model (mtp_cli/parallel.py)
+LAUNCHERS = ("local", "slurm")
+VARIANT_SECTIONS = ("model", "mtp", "data", "train", "eval", "specbench")
+ROPE_TYPES = ("default", "linear", "llama3")
+SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval")
+_VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 4096
+    n_layers: int = 4
+    d_model: int = 256
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = n_heads (no GQA)
+    ffn_hidden: int = 688
+    context: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    zero_init_residual: bool = True  # blocks start as the identity (o_proj, down_proj = 0)
+    qkv_bias: bool = False  # q/k/v projections with biases (Qwen2)
+    rope_scaling: dict[str, Any] = field(default_factory=dict)  # HF rope_parameters beyond rope_theta; {} = plain RoPE
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "ffn_hidden", "context"):
+            if getattr(self, name) < 1:
+                raise UserError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise UserError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.head_dim % 2:
+            raise UserError(f"head dimension {self.head_dim} must be even for RoPE")
+        if self.n_heads % self.kv_heads:
+            raise UserError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.kv_heads})")
+        rope_type = self.rope_scaling.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise UserError(
+                f"model.rope_scaling: rope_type {rope_type!r} is not supported; choose one of {', '.join(ROPE_TYPES)}"
+            )
+
+
+@dataclass
+class MTPConfig:
+    objective: str = "ntp"
+    depth: int = 1  # sequential: number of modules D
+    heads: int = 4  # parallel: number of heads n, head 1 = next token
+    lambda_: float | None = None  # None: 0.3 for sequential, n-1 for parallel (Meta's plain sum)
+    lambda_final: float | None = None  # DeepSeek-V3 schedule: lambda drops to this value ...
+    lambda_switch: float = 1.0  # ... after this fraction of training steps
+    mtp_input: str = "post-norm"  # which trunk state feeds depth 1
+    compute_matched: bool = True  # parallel: take n-1 layers out of the trunk
+    memory_efficient: bool = True  # parallel: Meta's one-head-at-a-time backward
+
+    @property
+    def n_extra(self) -> int:
+        """Number of extra predictions beyond the next token (D, or n-1)."""
+        return {"ntp": 0, "sequential": self.depth, "parallel": self.heads - 1}[self.objective]
+
+    @property
+    def weight(self) -> float:
+        if self.objective == "ntp":
+            return 0.0
+        if self.lambda_ is not None:
+            return self.lambda_
+        return 0.3 if self.objective == "sequential" else float(self.heads - 1)
+
+    def weight_at(self, step: int, total_steps: int) -> float:
+        if self.lambda_final is not None and step >= self.lambda_switch * total_steps:
+            return self.lambda_final
+        return self.weight
+
+    def validate(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
+        if self.objective == "sequential" and self.depth < 1:
+            raise UserError(f"--depth must be >= 1 for the sequential objective, got {self.depth}")
+        if self.objective == "parallel" and self.heads < 2:
+            raise UserError(f"--heads must be >= 2 for the parallel objective, got {self.heads}")
+        for name in ("lambda_", "lambda_final"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise UserError(f"{name.rstrip('_')} must be a finite number >= 0, got {value}")
+        if not 0.0 <= self.lambda_switch <= 1.0:
+            raise UserError(f"mtp.lambda_switch must be in [0, 1], got {self.lambda_switch}")
+        if self.mtp_input not in MTP_INPUTS:
+            raise UserError(f"unknown mtp_input {self.mtp_input!r}; choose one of {', '.join(MTP_INPUTS)}")
+
+
+def objective_from_flags(recipe_objective: str, objective: str | None, depth: int | None, heads: int | None,
+                         lam: float | None) -> str:
+    """The objective a command line asks for: given, or implied by --depth/--lambda (sequential) or
+    --heads (parallel) over an NTP recipe. Flags that the objective would ignore are errors."""
+    if objective is None and depth is not None and heads is not None:
+        raise UserError("--depth (sequential MTP) and --heads (parallel heads) cannot be used together")
+    if objective is None and recipe_objective == "ntp":
+        if heads is not None and depth is None:
+            objective = "parallel"
+        elif heads is None and (depth is not None or lam is not None):
+            objective = "sequential"
+    chosen = objective or recipe_objective
+    ignored = {"ntp": [("--depth", depth), ("--heads", heads), ("--lambda", lam)],
+               "sequential": [("--heads", heads)], "parallel": [("--depth", depth)]}.get(chosen, [])
+    given = [flag for flag, value in ignored if value is not None]
+    if given:
+        raise UserError(f"{' and '.join(given)} cannot be used with the {chosen} objective "
+                        "(--depth and --lambda are for sequential, --heads and --lambda for parallel)")
+    return chosen
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"  # stdlib | files | gsm8k | hf | self
+    paths: list[str] = field(default_factory=list)  # files/folders for files|gsm8k
+    hf_dataset: str = ""  # name for source = "hf"
+    hf_split: str = "train"
+    text_field: str = "text"
+    tokenizer: str = "bpe"  # "bpe": train a byte-level BPE on the corpus; else an HF tokenizer name/path
+    val_fraction: float = 0.05
+    max_bytes: int = 0  # 0 = whole corpus
+    cache_dir: str = ".cache/mtp"
+    # source = "self": the init_from trunk's own greedy continuations of prompts from `self_prompts`
+    self_prompts: str = "stdlib"  # stdlib | files | gsm8k (both read data.paths) | humaneval
+    self_samples: int = 256  # prompts continued
+    self_prompt_tokens: int = 32  # corpus prompts: windows of this many tokens
+    self_new_tokens: int = 128  # greedy tokens generated per prompt (fewer at end of text)
+
+    def validate(self) -> None:
+        if self.source not in ("stdlib", "files", "gsm8k", "hf", "self"):
+            raise UserError(f"unknown data.source {self.source!r}; choose stdlib, files, gsm8k, hf or self")
+        if self.source == "self":
+            if self.self_prompts not in SELF_PROMPTS:
+                raise UserError(f"unknown data.self_prompts {self.self_prompts!r}; choose one of {', '.join(SELF_PROMPTS)}")
+            for name in ("self_samples", "self_prompt_tokens", "self_new_tokens"):
+                if getattr(self, name) < 1:
+                    raise UserError(f"data.{name} must be >= 1, got {getattr(self, name)}")
+        if self.source in ("files", "gsm8k") or (self.source == "self" and self.self_prompts in ("files", "gsm8k")):
+            if not self.paths:
+                raise UserError(f"data.source = {self.source!r} needs data.paths (or --data PATH)")
+            for p in self.paths:
+                if not Path(p).expanduser().exists():
+                    raise UserError(f"data path not found: {p}")
+        if self.source == "hf" and not self.hf_dataset:
+            raise UserError("data.source = 'hf' needs data.hf_dataset")
+        if not 0.0 < self.val_fraction < 0.5:
+            raise UserError(f"data.val_fraction must be in (0, 0.5), got {self.val_fraction}")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 220
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay)
+    decay_fraction: float = 0.2  # wsd: final fraction of steps spent decaying
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0  # the initialisation (torch.manual_seed before the model is built)
+    data_seed: int | None = None  # the order of training batches; None = `seed` (runs before it existed)
+    log_every: int = 1
+    eval_every: int = 50
+    eval_batches: int = 8
+    ckpt_every: int = 50
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    peak_flops: float = 0.0  # FLOP/s used for MFU; 0 = measure the fp32/bf16 matmul peak once
+    init_from: str = ""  # a checkpoint the trunk starts from: folder, Hub id, .gguf file or short name; "" = random init
+    freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
+    track: str = "none"  # none | tensorboard | wandb: also log the metrics there (rank 0)
+    parallel: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (sharded: FSDP2 + DCP checkpoints)
+
+    @property
+    def order_seed(self) -> int:
+        """The seed the batches are drawn from: `data_seed`, or `seed` when it is not set."""
+        return self.seed if self.data_seed is None else self.data_seed
+
+    def validate(self) -> None:
+        if self.data_seed is not None and self.data_seed < 0:
+            raise UserError(f"train.data_seed must be >= 0, got {self.data_seed}")
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "ckpt_every"):
+            if getattr(self, name) < 1:
+                raise UserError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"train.lr must be a finite number > 0, got {self.lr}")
+        if self.warmup < 0:
+            raise UserError(f"train.warmup must be >= 0, got {self.warmup}")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"unknown train.schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"unknown train.device {self.device!r}; choose auto, cpu or cuda")
+        if self.track not in TRACKERS:
+            raise UserError(f"unknown tracker {self.track!r} (--track / train.track); choose one of {', '.join(TRACKERS)}")
+        if self.parallel not in PARALLEL:
+            raise UserError(f"unknown train.parallel {self.parallel!r}; choose one of {', '.join(PARALLEL)}")
+
+
+@dataclass
+class EvalConfig:
+    """`mtp ablate`'s eval stage, run on the exported trunk (MTP modules discarded)."""
+
+    enabled: bool = True
+    tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
+    limits: dict[str, int] = field(default_factory=dict)  # task -> first N items; absent or 0 = all
+    gsm8k_data: str = "data/gsm8k"  # relative to the repository (`mtp_cli.paths`); "" or "hub" = the online stock task
+    gsm8k_fewshot: int = 5  # lm-eval's num_fewshot; fewer when 5-shot prompts do not fit the trained context
+    truncate: bool = True  # cut prompts to the trained context (lm-eval's rule); false = refuse to eval instead
+    baseline: bool = False  # also evaluate train.init_from itself (`mtp eval --hf`): the "before" row
+
+    def limit(self, task: str) -> int | None:
+        return self.limits.get(task) or None
+
+    def validate(self) -> None:
+        for task in self.tasks:
+            if task not in EVAL_TASKS:
+                raise UserError(f"unknown eval task {task!r}; choose from {', '.join(EVAL_TASKS)}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise UserError(f"eval.tasks lists a task twice: {self.tasks}")
+        for task, n in self.limits.items():
+            if task not in EVAL_TASKS:
+                raise UserError(f"eval.limits names unknown task {task!r}; choose from {', '.join(EVAL_TASKS)}")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise UserError(f"eval.limits.{task} must be an integer >= 0 (0 = all), got {n!r}")
+        if isinstance(self.gsm8k_fewshot, bool) or not isinstance(self.gsm8k_fewshot, int) or self.gsm8k_fewshot < 0:
+            raise UserError(f"eval.gsm8k_fewshot must be an integer >= 0, got {self.gsm8k_fewshot!r}")
+        if not isinstance(self.truncate, bool):
+            raise UserError(f"eval.truncate must be true or false, got {self.truncate!r}")
+
+
+@dataclass
+class SpecbenchConfig:
+    """`mtp ablate`'s specbench stage: MTP self-speculative decoding against plain greedy and peers."""
+
+    enabled: bool = True
+    prompts: str | list[str] = "humaneval"  # one or more of humaneval | gsm8k | heldout | a prompt file
+    temperatures: list[float] = field(default_factory=lambda: [0.0])  # each source is measured at each
+    primary: str | None = None  # the headline condition, e.g. "heldout-greedy" (default: the first)
+    limit: int = 20
+    max_new_tokens: int = 128
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    repeats: int = 5
+    draft_len: int | None = None  # None: the run's own number of modules/heads
+    draft_vocab: int | None = None  # the modules draft from this many most frequent training tokens (None: V/4; 0: all)
+    peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
+
+    def validate(self) -> None:
+        if self.peers not in ("all", "primary"):
+            raise UserError(f"specbench.peers must be all or primary, got {self.peers!r}")
+        for name in ("limit", "max_new_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise UserError(f"specbench.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise UserError(f"specbench.batch_sizes must be a non-empty list of sizes >= 1, got {self.batch_sizes}")
+        if self.draft_len is not None and self.draft_len < 1:
+            raise UserError(f"specbench.draft_len must be >= 1, got {self.draft_len}")
+        if self.draft_vocab is not None and self.draft_vocab < 0:
+            raise UserError(f"specbench.draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
+        plan_conditions(self.prompts, self.temperatures, self.primary)
+
+
+@dataclass
+class SourceConfig:
+    """How `mtp ablate` produces train.init_from when a clone does not have it (exports are not
+    committed): train and export variant `variant`, seed `seed`, of recipe `recipe` into
+    <results>/<this recipe>/source/<variant>-s<seed>/; its export/ is then every run's init_from."""
+
+    recipe: str = ""
+    variant: str = ""
+    seed: int = 0
+
+
+@dataclass
+class LauncherConfig:
+    """Where `mtp ablate` runs its stages: here, one after another (local), or as Slurm jobs (submitit)."""
+
+    kind: str = "local"  # local | slurm
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    time: str = "4:00:00"  # Slurm's time-limit syntax, per job
+    nodes: int = 1  # of the training job; export/eval/specbench jobs use one node
+    gpus_per_node: int = 1
+    cpus_per_task: int = 8
+    mem: str = ""  # e.g. "64G"; "" = the partition's default
+    sbatch: dict[str, Any] = field(default_factory=dict)  # extra sbatch options, e.g. { constraint = "a100" }
+    setup: list[str] = field(default_factory=list)  # shell lines run before each job, e.g. "module load cuda"
+    folder: str = ""  # submitit's job folder (logs, pickles); "" = <results>/<recipe>/slurm
+
+    def validate(self) -> None:
+        if self.kind not in LAUNCHERS:
+            raise UserError(f"unknown launcher {self.kind!r} (--launcher / launcher.kind); choose one of {', '.join(LAUNCHERS)}")
+        for name in ("nodes", "cpus_per_task"):
+            if getattr(self, name) < 1:
+                raise UserError(f"launcher.{name} must be >= 1, got {getattr(self, name)}")
+        if self.gpus_per_node < 0:
+            raise UserError(f"launcher.gpus_per_node must be >= 0, got {self.gpus_per_node}")
+        time_minutes(self.time)
+
+
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def time_minutes(text: str) -> int:
+    """Slurm's time-limit syntax (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in whole minutes, rounded up."""
+    match = _SLURM_TIME.match(str(text).strip())
+    if not match:
+        raise UserError(f"launcher time {text!r} is not a Slurm time limit (e.g. 90, 4:00:00, 1-12:00:00)")
+    days, a, b, c = match.groups()
+    a, b, c = int(a), int(b or 0), int(c or 0)
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        seconds = ((int(days) * 24 + a) * 60 + b) * 60 + c
+    elif c or match.group(4) is not None:  # H:M:S
+        seconds = (a * 60 + b) * 60 + c
+    else:  # M or M:S
+        seconds = a * 60 + b
+    if seconds < 60:
+        raise UserError(f"launcher time {text!r} is under a minute")
+    return -(-seconds // 60)
+
+
+@dataclass
+class Variant:
+    """One column of an ablation: a name plus overrides of the recipe's sections, e.g.
+    `{name = "seq-d1", mtp = {objective = "sequential", depth = 1, lambda = 0.3}}`.
+
+    At grid seed s a run initialises from seed s + `init_seed_offset` and draws its batches from data
+    seed s + `data_seed_offset` (or the recipe's train.data_seed + the offset). Both 0 (the default):
+    the grid seed sets both, so every variant at seed s shares initialisation and data order with NTP
+    at seed s. A noise-floor cell is NTP with `init_seed_offset` > 0 (another initialisation, the same
+    data order) or `data_seed_offset` > 0 (the same initialisation, another data order), paired with
+    NTP at the same grid seed like any variant. `eval` and `specbench` override those sections for
+    this variant's runs (a noise floor has no drafters to time: `specbench = { enabled = false }`)."""
+
+    name: str = ""
+    description: str = ""
+    init_seed_offset: int = 0
+    data_seed_offset: int = 0
+    model: dict[str, Any] = field(default_factory=dict)
+    mtp: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+    specbench: dict[str, Any] = field(default_factory=dict)  # e.g. {enabled = false} for a noise floor: no drafters
+
+
+@dataclass
+class Recipe:
+    name: str = "custom"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mtp: MTPConfig = field(default_factory=MTPConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    # Sections used by `mtp ablate`; `mtp train` carries them along untouched.
+    seeds: list[int] = field(default_factory=lambda: [0])
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    specbench: SpecbenchConfig = field(default_factory=SpecbenchConfig)
+    variants: list[Variant] = field(default_factory=list)
+    description: str = ""
+    source: SourceConfig = field(default_factory=SourceConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+    def validate(self) -> Recipe:
+        self.model.validate()
+        self.mtp.validate()
+        if self.mtp.n_extra >= self.model.context:
+            raise UserError(f"{self.mtp.n_extra} extra predictions per position need model.context > "
+                            f"{self.mtp.n_extra}, got {self.model.context}")
+        self.data.validate()
+        self.train.validate()
+        if self.train.freeze_trunk and self.mtp.objective == "ntp":
+            raise UserError("--freeze-trunk with the ntp objective leaves nothing to train; choose sequential or parallel")
+        has_init = bool(self.train.init_from or self.source.recipe)  # [source]: `mtp ablate` sets init_from
+        if self.train.freeze_trunk and not has_init:
+            raise UserError("--freeze-trunk needs --init-from (a trained trunk to freeze)")
+        if self.data.source == "self" and not has_init:
+            raise UserError("data.source = 'self' needs train.init_from (the trunk whose continuations are the data)")
+        return self
+
+    def check_grid(self) -> Recipe:
+        """Validate what `mtp ablate` adds: seeds, eval/specbench settings, variant names and overrides."""
+        if not self.seeds:
+            raise UserError("recipe.seeds must list at least one seed")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise UserError(f"recipe.seeds lists a seed twice: {self.seeds}")
+        self.eval.validate()
+        self.specbench.validate()
+        self.launcher.validate()
+        seen: set[str] = set()
+        for v in self.variants:
+            if not v.name:
+                raise UserError("every variant needs a name")
+            if not _VARIANT_NAME.match(v.name):
+                raise UserError(f"variant name {v.name!r} must be letters, digits and . _ + = - (it names a folder)")
+            if v.name in seen:
+                raise UserError(f"variant name {v.name!r} is used twice")
+            seen.add(v.name)
+            for key in ("init_seed_offset", "data_seed_offset"):
+                if getattr(v, key) < 0:
+                    raise UserError(f"variant {v.name!r}: {key} must be >= 0, got {getattr(v, key)}")
+            if "seed" in v.train or "data_seed" in v.train:
+                raise UserError(f"variant {v.name!r}: the grid sets train.seed and train.data_seed; "
+                                "use init_seed_offset / data_seed_offset")
+            run = self.for_run(v, self.seeds[0], validate=False)
+            run.model.validate()
+            run.mtp.validate()
+            run.train.validate()
+        return self
+
+    def grid_variants(self) -> list[Variant]:
+        """The recipe's variants; a recipe without any is one variant named after its objective."""
+        return self.variants or [Variant(name=self.mtp.objective)]
+
+    def for_run(self, variant: Variant, seed: int, validate: bool = True) -> Recipe:
+        """The plain single-run recipe of one grid cell: the variant's overrides applied, the seeds set
+        (init: seed + init_seed_offset; data order: data seed + data_seed_offset, the data seed being
+        the recipe's train.data_seed or else the grid seed; both left as they were without offsets)."""
+        base = self.to_dict()
+        sections = {}
+        for section in VARIANT_SECTIONS:
+            cls = type(getattr(self, section))
+            merged = {**base[section], **getattr(variant, section)}
+            sections[section] = from_dict(cls, merged, f"variant {variant.name!r}: {section}")
+        train = sections["train"]
+        if variant.init_seed_offset or variant.data_seed_offset:
+            train.data_seed = (seed if train.data_seed is None else train.data_seed) + variant.data_seed_offset
+        train.seed = seed + variant.init_seed_offset
+        run = dataclasses.replace(self, **sections, seeds=[seed], variants=[],
+                                  description=variant.description or self.description)
+        return run.validate() if validate else run
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_toml_dict(self)
+
+    def override(self, section: str, **values: Any) -> None:
+        """Apply CLI flags (None = not given) onto one section."""
+        target = getattr(self, section)
+        for key, value in values.items():
+            if value is not None:
+                setattr(target, key, value)
+
+
+def _field_key(name: str) -> str:
+    return "lambda" if name == "lambda_" else name
+
+
+def _to_toml_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {_field_key(f.name): _to_toml_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [_to_toml_dict(v) for v in obj]
+    return obj
+
+
+def _check_type(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check_type(value, option, where)
+            except UserError:
+                pass
+        raise UserError(f"{where}: {value!r} has the wrong type")
+    if origin is list:
+        if not isinstance(value, list):
+            raise UserError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(annotation)
+        return [_check_type(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: expected a table, got {value!r}")
+        return value
+    if annotation is Any:
+        return value
+    if dataclasses.is_dataclass(annotation):
+        return from_dict(annotation, value, where)
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is int and isinstance(value, bool):
+        raise UserError(f"{where}: expected an integer, got {value!r}")
+    if isinstance(annotation, type) and not isinstance(value, annotation):
+        raise UserError(f"{where}: expected {annotation.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "recipe") -> Any:
+    """Build dataclass `cls` from a TOML table; unknown keys and wrong types are UserErrors."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a table, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    by_key = {_field_key(f.name): f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(by_key))
+    if unknown:
+        raise UserError(f"unknown key{'s' if len(unknown) > 1 else ''} in {where}: {', '.join(unknown)}")
+    kwargs = {}
+    for key, value in data.items():
+        f = by_key[key]
+        annotation = hints[f.name]
+        if dataclasses.is_dataclass(annotation):
+            kwargs[f.name] = from_dict(annotation, value, f"{where}.{key}" if where != "recipe" else key)
+        else:
+            kwargs[f.name] = _check_type(value, annotation, f"{where}.{key}" if where != "recipe" else key)
+    return cls(**kwargs)
+
+
+def resolve_recipe_path(name_or_path: str | Path) -> Path:
+    """A recipe is a TOML path, or the bare name of one shipped in recipes/ (e.g. 'quick')."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    shipped = RECIPES_DIR / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return shipped
+    raise UserError(f"recipe not found: {name_or_path} (a .toml path or one of: {', '.join(shipped_recipes())})")
+
+
+def shipped_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
+
+
+def load_recipe(name_or_path: str | Path = "quick") -> Recipe:
+    path = resolve_recipe_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"recipe {path} is not valid TOML: {exc}") from None
+    data.setdefault("name", path.stem)
+    return from_dict(Recipe, data).check_grid()
+
+
+def recipe_from_dict(data: dict[str, Any]) -> Recipe:
+    return from_dict(Recipe, data)

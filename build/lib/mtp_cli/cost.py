@@ -1,0 +1,117 @@
+"""What an ablation will cost, for `mtp ablate --dry-run`.
+
+Measured first: a stage that already ran for the same variant (another seed) in this results folder
+costs what it took there; a partly trained run costs its remaining steps at its own median step time.
+Otherwise training is estimated from FLOPs: training FLOPs per token × tokens / (matmul peak measured
+on this machine × an assumed utilisation), or over the FLOP/s that runs in this folder reached. Eval and
+specbench have no FLOP model worth the name (decoding small models is overhead-bound), so without a
+measurement they borrow another variant's time in this folder, or say they are unknown.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from mtp_cli import env, results
+from mtp_cli.config import Recipe
+from mtp_cli.model import MTPModel
+from mtp_cli.model.flops import flops_per_token, forward_flops_per_token
+
+ASSUMED_MFU = {"cpu": 0.5, "cuda": 0.35}  # fp32 on CPU reaches ~0.55 at the quick scale; bf16 on CUDA varies
+
+
+@dataclass
+class Estimate:
+    seconds: float | None
+    basis: str
+
+
+def training_flops(recipe: Recipe) -> tuple[float, float, int]:
+    """(training FLOPs per token, forward FLOPs per token, tokens per step) of a single-run recipe,
+    without allocating the model; a frozen trunk (train.freeze_trunk) counts as it trains."""
+    with torch.device("meta"):
+        model = MTPModel(recipe.model, recipe.mtp)
+    if recipe.train.freeze_trunk:
+        model.freeze_trunk()
+    context = recipe.model.context
+    return (flops_per_token(model, context), forward_flops_per_token(model, context),
+            recipe.train.batch_size * context)
+
+
+class Estimator:
+    """Estimates for every (cell, stage) of one ablation, from what its results folder measured."""
+
+    def __init__(self, results_dir, recipe: Recipe):
+        self.stage_times: dict[tuple[str, str], list[float]] = defaultdict(list)  # (variant, stage) -> seconds
+        self.achieved: list[float] = []  # FLOP/s the runs in this folder reached (no peak needed)
+        for run in results.run_folders(results_dir):
+            for stage, info in (run.log.get("stages") or {}).items():
+                if stage != "train":
+                    self.stage_times[(run.variant, stage)].append(float(info["seconds"]))
+            tokens_per_s = (run.run.get("throughput") or {}).get("tokens_per_s_median")
+            if tokens_per_s and run.run.get("flops_per_token"):
+                self.achieved.append(float(tokens_per_s) * float(run.run["flops_per_token"]))
+        self._peak: dict[str, float | None] = {}
+
+    def peak(self, recipe: Recipe) -> tuple[float | None, str]:
+        device = recipe.train.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            return (recipe.train.peak_flops or None), "cuda"
+        if device not in self._peak:
+            from mtp_cli.data import shards
+
+            dtype = env.autocast_dtype(torch.device(device)) or torch.float32
+            self._peak[device] = recipe.train.peak_flops or env.matmul_peak(torch.device(device), dtype,
+                                                                             shards.cache_root(recipe.data))
+        return self._peak[device], device
+
+    def stage(self, cell, stage: str) -> Estimate:
+        return getattr(self, f"_{stage}")(cell)
+
+    def _train(self, cell) -> Estimate:
+        recipe = cell.recipe
+        run = results.RunFolder(cell.run_dir)
+        done = int(run.run.get("step") or 0) if run.run else 0
+        remaining = max(recipe.train.steps - done, 0)
+        step_times = [m["step_time_s"] for m in run.metrics if m.get("kind") == "train"][1:]
+        if len(step_times) >= 5:
+            t = statistics.median(step_times)
+            return Estimate(remaining * t, f"measured: {remaining} steps left × {t:.2f} s")
+        fpt, forward_fpt, tokens = training_flops(recipe)
+        val_tokens = (recipe.train.steps // recipe.train.eval_every + 1) * recipe.train.eval_batches * tokens
+        flops = fpt * tokens * remaining + forward_fpt * val_tokens * remaining / max(recipe.train.steps, 1)
+        if self.achieved:
+            rate = statistics.median(self.achieved)
+            return Estimate(flops / rate, f"{flops / 1e12:.3g} TFLOP / {rate / 1e9:.0f} GFLOP/s "
+                                          f"(reached by {len(self.achieved)} run(s) here)")
+        peak, device = self.peak(recipe)
+        mfu, how = ASSUMED_MFU.get(device, 0.35), "assumed"
+        if not peak:
+            return Estimate(None, f"{flops / 1e15:.3g} PFLOP; no {device} here to measure its peak")
+        return Estimate(flops / (peak * mfu),
+                        f"{flops / 1e12:.3g} TFLOP / {peak / 1e9:.0f} GFLOP/s / MFU {mfu:.0%} ({how})")
+
+    def _borrowed(self, cell, stage: str) -> Estimate:
+        mine = self.stage_times.get((cell.variant.name, stage))
+        if mine:
+            return Estimate(statistics.median(mine), f"measured on {len(mine)} run(s) of this variant")
+        others = [t for (variant, s), ts in self.stage_times.items() if s == stage for t in ts]
+        if others:
+            return Estimate(statistics.median(others), f"measured on {len(others)} run(s) of other variants")
+        return Estimate(None, "unknown until one run has done it")
+
+    def _export(self, cell) -> Estimate:
+        est = self._borrowed(cell, "export")
+        return est if est.seconds is not None else Estimate(5.0, "assumed (writes the trunk's weights)")
+
+    def _eval(self, cell) -> Estimate:
+        return self._borrowed(cell, "eval")
+
+    def _specbench(self, cell) -> Estimate:
+        return self._borrowed(cell, "specbench")

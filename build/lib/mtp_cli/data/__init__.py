@@ -1,0 +1,1 @@
+"""Data: corpus sources → tokenizer → cached token shards → batches."""

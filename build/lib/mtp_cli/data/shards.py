@@ -1,0 +1,151 @@
+"""Token shards on disk and the batches drawn from them.
+
+`prepare` turns a DataConfig into a tokenizer plus two memory-mapped token files (train, val),
+cached under a key hashed from the corpus content and the tokenizer, so a second run with the
+same data costs nothing. Documents are split into train/validation deterministically by a hash
+of their content; each document ends with the end-of-text token.
+
+Batches depend only on (seed, step): a resumed run draws exactly the batches an uninterrupted
+run would have, and under DDP every rank takes its slice of the same global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from mtp_cli import ui
+from mtp_cli.config import DataConfig
+from mtp_cli.data import sources
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.errors import UserError
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    return Path(os.environ.get("MTP_CACHE_DIR") or cfg.cache_dir).expanduser()
+
+
+@dataclass
+class TokenData:
+    tokenizer: PreTrainedTokenizerFast
+    train: np.ndarray  # memmap of token ids
+    val: np.ndarray
+    key: str
+    n_docs: int
+    n_bytes_val: int  # UTF-8 bytes of the validation text (for bits-per-byte)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+
+def _is_val(doc: str, val_fraction: float) -> bool:
+    h = int.from_bytes(hashlib.sha256(doc.encode("utf-8", errors="replace")).digest()[:8], "little")
+    return (h % 1_000_000) < val_fraction * 1_000_000
+
+
+def _write_tokens(path: Path, ids: list[list[int]], eos: int, dtype: np.dtype) -> None:
+    total = sum(len(x) + 1 for x in ids)
+    tmp = path.with_suffix(".tmp")
+    arr = np.memmap(tmp, dtype=dtype, mode="w+", shape=(max(total, 1),))
+    pos = 0
+    for doc in ids:
+        arr[pos:pos + len(doc)] = doc
+        arr[pos + len(doc)] = eos
+        pos += len(doc) + 1
+    arr.flush()
+    del arr
+    os.replace(tmp, path)
+
+
+def get_tokenizer(cfg: DataConfig, vocab_size: int, docs: list[str], corpus_key: str) -> PreTrainedTokenizerFast:
+    if cfg.tokenizer != "bpe":
+        return toklib.load(cfg.tokenizer)
+    tok_dir = cache_root(cfg) / "tokenizers" / f"bpe-{vocab_size}-{corpus_key}"
+    if (tok_dir / "tokenizer.json").is_file():
+        return toklib.load(tok_dir)
+    ui.console.print(f"data: training a {vocab_size:,}-token byte-level BPE on {len(docs):,} documents", markup=False)
+    tok = toklib.train_bpe(docs, vocab_size)
+    tmp = tok_dir.with_name(tok_dir.name + f".tmp{os.getpid()}")
+    tok.save_pretrained(tmp)
+    try:
+        tmp.replace(tok_dir)
+    except OSError:  # another process won the race; its tokenizer is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return toklib.load(tok_dir)
+
+
+def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> TokenData:
+    """`docs`: the corpus when the caller built it (data.source = "self"); else read from `cfg`."""
+    docs = sources.corpus(cfg) if docs is None else docs
+    corpus_key = sources.fingerprint(docs)
+    tok = get_tokenizer(cfg, vocab_size, docs, corpus_key)
+    key = f"{corpus_key}-{toklib.fingerprint(tok)}-{cfg.val_fraction}"
+    shard_dir = cache_root(cfg) / "shards" / key
+    meta_path = shard_dir / "meta.json"
+    dtype = np.uint16 if len(tok) <= 65536 else np.uint32
+    if not meta_path.is_file():
+        ui.console.print(f"data: tokenizing {len(docs):,} documents into token shards", markup=False)
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        train_docs = [d for d in docs if not _is_val(d, cfg.val_fraction)]
+        val_docs = [d for d in docs if _is_val(d, cfg.val_fraction)]
+        if not val_docs:  # tiny corpora: hold out the last document
+            train_docs, val_docs = docs[:-1] or docs, docs[-1:]
+        encode = tok.backend_tokenizer.encode_batch
+        eos = tok.eos_token_id
+        for name, split in (("train", train_docs), ("val", val_docs)):
+            ids = [e.ids for e in encode(split, add_special_tokens=False)]
+            _write_tokens(shard_dir / f"{name}.bin", ids, eos, dtype)
+        meta = {"n_docs": len(docs), "n_train_docs": len(train_docs), "n_val_docs": len(val_docs),
+                "n_bytes_val": sum(len(d.encode("utf-8", errors="replace")) for d in val_docs),
+                "dtype": np.dtype(dtype).name}
+        tmp = meta_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, meta_path)
+    meta = json.loads(meta_path.read_text())
+    load = lambda name: np.memmap(shard_dir / f"{name}.bin", dtype=meta["dtype"], mode="r")  # noqa: E731
+    return TokenData(tok, load("train"), load("val"), key, meta["n_docs"], meta["n_bytes_val"])
+
+
+def comparison_config(cfg):
+    """The data a run is compared on (held-out loss, heldout specbench prompts): its own, except for a
+    self-distilled run, whose text is its trunk's output: then the corpus its prompts came from, as
+    every other variant of the comparison is measured on."""
+    if cfg.source != "self":
+        return cfg
+    if cfg.self_prompts == "humaneval":
+        raise UserError("this run was self-distilled from HumanEval prompts, which have no validation split "
+                        "to compare on: use --text FILE for held-out loss and --prompts humaneval for specbench")
+    return dataclasses.replace(cfg, source=cfg.self_prompts)
+
+
+def train_batch(tokens: np.ndarray, step: int, seed: int, batch: int, context: int,
+                rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's slice of the global batch for `step`: `batch` windows of context+1 tokens."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    n_windows = len(tokens) - context - 1
+    if n_windows < 1:
+        raise ValueError(f"training split has {len(tokens)} tokens, fewer than context + 1 = {context + 1}")
+    starts = torch.randint(0, n_windows, (batch,), generator=g)
+    per_rank = batch // world
+    starts = starts[rank * per_rank:(rank + 1) * per_rank]
+    chunk = torch.from_numpy(np.stack([tokens[s:s + context + 1].astype(np.int64) for s in starts.tolist()]))
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def val_batches(tokens: np.ndarray, n_batches: int, batch: int, context: int):
+    """Fixed, non-overlapping validation windows, in order (identical for every run on the data)."""
+    n_chunks = min(n_batches * batch, (len(tokens) - 1) // context)
+    for b in range(0, n_chunks, batch):
+        starts = [i * context for i in range(b, min(b + batch, n_chunks))]
+        chunk = torch.from_numpy(np.stack([tokens[s:s + context + 1].astype(np.int64) for s in starts]))
+        yield chunk[:, :-1], chunk[:, 1:]

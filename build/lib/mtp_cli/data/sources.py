@@ -1,0 +1,114 @@
+"""Corpus sources, each an ordered iterable of documents (strings), offline by default.
+
+- stdlib: the Python standard library's own .py sources (tests, site-packages, idlelib left out);
+- files:  local files or folders (.py, .txt, .md, .jsonl with a text field);
+- gsm8k:  GSM8K-style JSONL (question + answer) as "Question: ...\\nAnswer: ..." documents;
+- hf:     a Hugging Face `datasets` dataset by name (needs the network or a local cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+from mtp_cli.config import DataConfig
+from mtp_cli.errors import UserError
+
+TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst"}
+STDLIB_SKIP = {"test", "tests", "site-packages", "dist-packages", "idlelib", "__pycache__", "lib2to3", "turtledemo"}
+
+
+def stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).parts
+        if any(part in STDLIB_SKIP or part.startswith("test_") for part in rel):
+            continue
+        files.append(path)
+    return files
+
+
+def _expand(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise UserError(f"data path not found: {raw}")
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.is_file() and (p.suffix in TEXT_SUFFIXES or p.suffix == ".jsonl"))
+        else:
+            files.append(path)
+    if not files:
+        raise UserError(f"no .py/.txt/.md/.jsonl files under {', '.join(paths)}")
+    return files
+
+
+def _jsonl(path: Path) -> Iterator[dict]:
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    raise UserError(f"{path}:{lineno} is not valid JSON") from None
+
+
+def gsm8k_document(row: dict) -> str:
+    return f"Question: {row['question']}\nAnswer: {row['answer']}"
+
+
+def documents(cfg: DataConfig) -> Iterator[str]:
+    if cfg.source == "stdlib":
+        for path in stdlib_files():
+            yield path.read_text(encoding="utf-8", errors="replace")
+    elif cfg.source == "files":
+        for path in _expand(cfg.paths):
+            if path.suffix == ".jsonl":
+                for row in _jsonl(path):
+                    if cfg.text_field not in row:
+                        raise UserError(f"{path}: a row has no {cfg.text_field!r} field (set data.text_field)")
+                    yield str(row[cfg.text_field])
+            else:
+                yield path.read_text(encoding="utf-8", errors="replace")
+    elif cfg.source == "gsm8k":
+        for path in _expand(cfg.paths):
+            if path.suffix != ".jsonl" or path.name.startswith("test"):
+                continue  # never train on the GSM8K test split
+            for row in _jsonl(path):
+                if "question" not in row or "answer" not in row:
+                    raise UserError(f"{path}: GSM8K rows need 'question' and 'answer'")
+                yield gsm8k_document(row)
+    else:
+        try:
+            import datasets
+            ds = datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split)
+        except Exception as exc:  # network, missing dataset, ...
+            raise UserError(f"could not load Hugging Face dataset {cfg.hf_dataset!r}: {str(exc).splitlines()[0]}") from None
+        for row in ds:
+            yield str(row[cfg.text_field])
+
+
+def corpus(cfg: DataConfig) -> list[str]:
+    """All documents, capped at data.max_bytes when set."""
+    docs, total = [], 0
+    for doc in documents(cfg):
+        if not doc.strip():
+            continue
+        docs.append(doc)
+        total += len(doc)
+        if cfg.max_bytes and total >= cfg.max_bytes:
+            break
+    if not docs:
+        raise UserError("the corpus is empty")
+    return docs
+
+
+def fingerprint(docs: list[str]) -> str:
+    h = hashlib.sha256()
+    for doc in docs:
+        h.update(hashlib.sha256(doc.encode("utf-8", errors="replace")).digest())
+    return h.hexdigest()[:16]

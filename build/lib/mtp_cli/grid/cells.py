@@ -1,0 +1,65 @@
+"""The grid of `mtp ablate`: a recipe's variants × seeds as cells (a variant at a seed, its single-run
+recipe and run folder), the whole `Ablation`, and the recipe version that ties a results folder to
+one recipe. Data only; planning, running and showing the grid live beside it in this package."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mtp_cli import paths
+from mtp_cli.config import Recipe, Variant
+
+
+@dataclass
+class Cell:
+    """One grid cell: a variant at a seed, its single-run recipe and its run folder."""
+
+    variant: Variant
+    seed: int
+    recipe: Recipe
+    run_dir: Path
+    pending: list[str] = field(default_factory=list)
+    gsm8k: Path | None = None  # the eval/specbench GSM8K folder (None: the hub), resolved once for the grid
+    model_keys: set[str] = field(default_factory=set)  # [model] keys the recipe/variant set (checked against init_from)
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+@dataclass
+class Ablation:
+    recipe: Recipe
+    source: Path
+    results_dir: Path
+    cells: list[Cell]
+    fingerprint: str = ""
+    summary: Path | None = None
+    failures: list[str] = field(default_factory=list)
+    extra_stages: list[str] = field(default_factory=list)  # "source" / "baseline" still to do (grid.source)
+    resume_command: str = ""  # the command that carries on this ablation, printed on Ctrl-C
+
+
+def fingerprint(source: Path) -> str:
+    """The recipe version: a hash of the TOML as written (parsed, so comments and layout do not count,
+    and without `description`). Defaults are not in it, so a new option in the code does not orphan
+    stored results; what changed in the code is in each run's git commit. Nor is `eval.gsm8k_data`:
+    where the data lives is not what the recipe is."""
+    data = tomllib.loads(source.read_text())
+    data.setdefault("name", source.stem)
+    data.pop("description", None)
+    if isinstance(data.get("eval"), dict):
+        data["eval"].pop("gsm8k_data", None)
+    data.pop("launcher", None)  # where the stages run, and what watches them, change no result
+    if isinstance(data.get("train"), dict):
+        data["train"].pop("track", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def gsm8k_data(recipe: Recipe) -> Path | None:
+    """The recipe's GSM8K folder as `mtp ablate` resolves it without --gsm8k-data, or None for the hub."""
+    return paths.gsm8k_data(None, recipe.eval.gsm8k_data)

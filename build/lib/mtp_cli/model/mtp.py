@@ -1,0 +1,183 @@
+"""MTP models: a trunk plus DeepSeek-V3 sequential modules or Meta parallel heads.
+
+Sequential (DeepSeek-V3 §2.2, eqs. 21-25). Depth k fuses [RMSNorm(Emb(t_{i+k})) ; RMSNorm(h_i^{k-1})]
+— embedding first, as Megatron-Core, vLLM and torchtitan do (the paper's eq. 21 writes h first) —
+through a bias-free 2d→d projection, runs one causal `Block`, then its own final RMSNorm and the
+trunk's shared unembedding. Depth 1 reads the trunk state after the final norm ("post-norm",
+Megatron/vLLM) or before it ("pre-norm", torchtitan). Weight names follow DeepSeek's HF release
+(enorm, hnorm, eh_proj, shared_head.norm).
+
+Parallel (Gloeckle et al. 2024 §2). The trunk's last block is head 1 (next token, kept at
+inference); heads 2..n are independent `Block`s on the same shared state (the input of that last
+block); all share the trunk's final norm and unembedding. Compute-matched: the trunk loses n-1
+layers. `parallel_backward` is Meta's memory-efficient training: trunk once, then forward+backward
+one head at a time, accumulating the gradient at the shared state.
+
+The trunk never reads the modules, so discarding them leaves its logits unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mtp_cli.config import ModelConfig, MTPConfig
+from mtp_cli.errors import UserError
+from mtp_cli.model import loss as L
+from mtp_cli.model.trunk import Block, RMSNorm, Trunk, init_weights
+
+
+class SharedHead(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+
+class MTPModule(nn.Module):
+    """One DeepSeek-V3 depth: h'^k = eh_proj[enorm(Emb(t_{i+k})) ; hnorm(h^{k-1})], h^k = block(h'^k)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.enorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.hnorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.eh_proj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
+        self.block = Block(cfg)
+        self.shared_head = SharedHead(cfg)
+
+    def forward(self, h_prev: torch.Tensor, emb_next: torch.Tensor, rope) -> torch.Tensor:
+        cos, sin = rope
+        x = self.eh_proj(torch.cat([self.enorm(emb_next), self.hnorm(h_prev)], dim=-1))
+        return self.block(x, cos, sin)
+
+
+@dataclass
+class Output:
+    loss: torch.Tensor  # the combined training objective
+    loss_main: torch.Tensor
+    loss_extra: list[torch.Tensor]  # one per extra depth/head, k = 1..D
+
+
+def trunk_layers(model_cfg: ModelConfig, mtp_cfg: MTPConfig) -> int:
+    if mtp_cfg.objective == "parallel" and mtp_cfg.compute_matched:
+        n = model_cfg.n_layers - (mtp_cfg.heads - 1)
+        if n < 1:
+            raise UserError(f"compute-matched parallel heads need n_layers >= heads "
+                            f"({model_cfg.n_layers} < {mtp_cfg.heads}); raise n_layers or set compute_matched = false")
+        return n
+    return model_cfg.n_layers
+
+
+class MTPModel(nn.Module):
+    def __init__(self, model_cfg: ModelConfig, mtp_cfg: MTPConfig):
+        super().__init__()
+        self.cfg, self.mtp_cfg = model_cfg, mtp_cfg
+        self.trunk = Trunk(model_cfg, trunk_layers(model_cfg, mtp_cfg))
+        if mtp_cfg.objective == "sequential":
+            self.mtp = nn.ModuleList(MTPModule(model_cfg) for _ in range(mtp_cfg.depth))
+        elif mtp_cfg.objective == "parallel":
+            self.mtp = nn.ModuleList(Block(model_cfg) for _ in range(mtp_cfg.heads - 1))
+        else:
+            self.mtp = nn.ModuleList()
+        init_weights(self, model_cfg.init_std, model_cfg.zero_init_residual)
+        self.frozen_trunk = False
+
+    def freeze_trunk(self) -> None:
+        """Train only the modules: the trunk gets no gradients and runs under no-grad in `forward`."""
+        self.trunk.requires_grad_(False)
+        self.frozen_trunk = True
+
+    @property
+    def objective(self) -> str:
+        return self.mtp_cfg.objective
+
+    @property
+    def n_extra(self) -> int:
+        return len(self.mtp)
+
+    def param_counts(self) -> dict[str, int]:
+        trunk = sum(p.numel() for p in self.trunk.parameters())
+        mtp = sum(p.numel() for p in self.mtp.parameters())
+        return {"trunk": trunk, "mtp": mtp, "total": trunk + mtp}
+
+    # ---- forward passes -------------------------------------------------------------------
+    def all_logits(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """[trunk logits (B,T,V), extra 1 logits (B,T-1,V), ..., extra D logits (B,T-D,V)]."""
+        hidden, extras = self._hidden_states(idx)
+        return [self.trunk.head(hidden)] + [self.extra_logits(k, h) for k, h in enumerate(extras, 1)]
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, lam: float | None = None,
+                totals: list[float] | None = None) -> Output | list[torch.Tensor]:
+        """The losses (targets given; `totals`: what each loss k = 0..D divides its sum by, see
+        model/loss.py), or without targets `all_logits` (so that FSDP's hooks on this root module run)."""
+        if targets is None:
+            return self.all_logits(idx)
+        hidden, extras = self._hidden_states(idx)
+        weight = self.trunk.unembed_weight
+        totals = totals or [None] * (len(extras) + 1)
+        loss_main = L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets, totals[0])
+        loss_extra = [L.linear_offset_loss(self.extra_normed(k, h), weight, targets, k, totals[k])
+                      for k, h in enumerate(extras, 1)]
+        lam = self.mtp_cfg.weight if lam is None else lam
+        return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
+
+    def _hidden_states(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Trunk hidden (pre-final-norm) over T positions, and each extra prediction's state over
+        its valid positions (T-k), already cut to length. A frozen trunk runs without autograd."""
+        trunk, T = self.trunk, idx.shape[1]
+        with torch.no_grad() if self.frozen_trunk else contextlib.nullcontext():
+            x = trunk.embed_tokens(idx)
+            rope = trunk.rope(T, idx.device, x.dtype)
+            if self.objective == "parallel":
+                shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
+                hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
+            else:
+                hidden = trunk.run_layers(x, 0, trunk.n_layers, rope)
+                h = trunk.norm(hidden) if self.mtp_cfg.mtp_input == "post-norm" else hidden
+        cos, sin = rope
+        if self.objective == "parallel":
+            return hidden, [head(shared, cos, sin)[:, : T - k] for k, head in enumerate(self.mtp, 1)]
+        extras = []
+        for k, module in enumerate(self.mtp, 1):
+            n = T - k
+            h = module(h[:, :n], x[:, k:], (cos[:n], sin[:n]))
+            extras.append(h)
+        return hidden, extras
+
+    def extra_normed(self, k: int, h: torch.Tensor) -> torch.Tensor:
+        """Extra prediction k's (1-based) hidden state after its final norm: the unembedding's input."""
+        if self.objective == "parallel":
+            return self.trunk.norm(h)
+        return self.mtp[k - 1].shared_head.norm(h)
+
+    def extra_logits(self, k: int, h: torch.Tensor) -> torch.Tensor:
+        """Logits of extra prediction k (1-based) from its hidden state."""
+        return self.trunk.unembed(self.extra_normed(k, h))
+
+
+def parallel_backward(model: MTPModel, idx: torch.Tensor, targets: torch.Tensor, lam: float,
+                      scale: float = 1.0, totals: list[float] | None = None) -> Output:
+    """Meta's memory-efficient step: the trunk runs once; each head (head 1 = the trunk's last block)
+    does forward+backward in turn, its gradient accumulated at the shared state, so only one head's
+    logits are alive at once. Calls .backward() itself; returns detached losses (`totals` as in
+    `MTPModel.forward`)."""
+    trunk, T = model.trunk, idx.shape[1]
+    x = trunk.embed_tokens(idx)
+    rope = trunk.rope(T, idx.device, x.dtype)
+    cos, sin = rope
+    shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
+    shared_leaf = shared.detach().requires_grad_()
+    heads = [trunk.layers[trunk.n_layers - 1], *model.mtp]
+    weight = L.extra_weight(lam, len(model.mtp))
+    losses = []
+    totals = totals or [None] * len(heads)
+    for k, head in enumerate(heads):
+        h = head(shared_leaf, cos, sin)
+        loss_k = L.linear_offset_loss(trunk.norm(h), trunk.unembed_weight, targets, k, totals[k])
+        ((1.0 if k == 0 else weight) * scale * loss_k).backward()
+        losses.append(loss_k.detach())
+    shared.backward(shared_leaf.grad)
+    total = L.combine(losses[0], losses[1:], lam)
+    return Output(total, losses[0], losses[1:])

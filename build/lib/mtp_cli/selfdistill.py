@@ -1,0 +1,116 @@
+"""`data.source = "self"`: a corpus of the trunk's own greedy continuations, for training MTP modules.
+
+Drafters accept more of the target's tokens when they learn the target's own outputs rather than
+the corpus it was trained on: Medusa-2's self-distillation, FastMTP's self-distilled data and
+SpecForge's regenerated training sets all report it. Each document is a prompt followed by the
+trunk's greedy continuation of it (up to `self_new_tokens`, fewer at end of text). Prompts come from
+`data.self_prompts`: windows of `self_prompt_tokens` tokens cut evenly from a corpus (stdlib, or
+files in data.paths), GSM8K training questions (the train split in data.paths, never the test
+split), or the HumanEval prompts (then a HumanEval specbench measures drafting on prompts the
+modules saw). Generation is Hugging Face `generate` on the source checkpoint itself.
+
+The documents are cached under `<cache>/self/<key>.jsonl`, the key hashing the trunk's weights
+(`weights_sha256`, also stamped in the file's meta) with every setting, so a changed trunk or
+setting never reuses them; the token shards built from them are cached like any others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from mtp_cli import ui
+from mtp_cli.config import DataConfig
+from mtp_cli.data import sources
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.data.prompts import load_prompts
+from mtp_cli.errors import UserError
+from mtp_cli.model import pretrained
+
+BATCH = 64
+
+
+def _corpus_prompts(cfg: DataConfig, tokenizer) -> list[list[int]]:
+    corpus_cfg = DataConfig(source=cfg.self_prompts, paths=cfg.paths, text_field=cfg.text_field, max_bytes=cfg.max_bytes)
+    ids = [t for e in tokenizer.backend_tokenizer.encode_batch(sources.corpus(corpus_cfg), add_special_tokens=False)
+           for t in e.ids]
+    n_windows = len(ids) // cfg.self_prompt_tokens
+    if n_windows < 1:
+        raise UserError(f"the prompt corpus has {len(ids)} tokens, fewer than data.self_prompt_tokens")
+    take = min(cfg.self_samples, n_windows)
+    starts = [(i * n_windows // take) * cfg.self_prompt_tokens for i in range(take)]
+    return [ids[s:s + cfg.self_prompt_tokens] for s in starts]
+
+
+def _text_prompts(cfg: DataConfig) -> list[str]:
+    if cfg.self_prompts == "humaneval":
+        return load_prompts("humaneval", cfg.self_samples)
+    docs = sources.documents(DataConfig(source="gsm8k", paths=cfg.paths))
+    questions = [doc.split("\nAnswer:")[0] + "\nAnswer:" for doc in docs]
+    if not questions:
+        raise UserError(f"no GSM8K training questions (train*.jsonl) under {', '.join(cfg.paths)}")
+    return questions[:cfg.self_samples]
+
+
+def prompt_ids(cfg: DataConfig, tokenizer) -> list[list[int]]:
+    if cfg.self_prompts in ("stdlib", "files"):
+        return _corpus_prompts(cfg, tokenizer)
+    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in _text_prompts(cfg)]
+
+
+def cache_key(cfg: DataConfig, weights_sha256: str, prompts: list[list[int]]) -> str:
+    h = hashlib.sha256(weights_sha256.encode())
+    h.update(json.dumps([cfg.self_prompts, cfg.self_new_tokens, prompts]).encode())
+    return h.hexdigest()[:16]
+
+
+def continue_greedily(model, prompts: list[list[int]], new_tokens: int, pad_id: int, eos_id: int,
+                      show_progress: bool = True) -> list[list[int]]:
+    """Each prompt's greedy continuation (token ids, cut after the first end-of-text), left-padded batches."""
+    out: list[list[int]] = []
+    with ui.progress(disable=not show_progress) as bar, torch.no_grad():
+        task = bar.add_task("self-distill", total=len(prompts), info=f"{new_tokens} tokens each")
+        for b in range(0, len(prompts), BATCH):
+            batch = prompts[b:b + BATCH]
+            width = max(map(len, batch))
+            ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=pad_id, eos_token_id=eos_id)[:, width:]
+            for row in gen.tolist():
+                out.append(row[:row.index(eos_id) + 1] if eos_id in row else row)
+            bar.update(task, advance=len(batch))
+    return out
+
+
+def documents(cfg: DataConfig, source: str | Path, cache_root: Path, show_progress: bool = True) -> list[str]:
+    """The self-distilled corpus of checkpoint `source` (built once, then read from the cache)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    src = pretrained.read_source(source)
+    tokenizer = toklib.load(src.path)
+    prompts = prompt_ids(cfg, tokenizer)
+    sha = pretrained.weights_hash(src.path)
+    path = cache_root / "self" / f"{cache_key(cfg, sha, prompts)}.jsonl"
+    if not path.is_file():
+        hf_logging.disable_progress_bar()
+        model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32).eval()
+        continuations = continue_greedily(model, prompts, cfg.self_new_tokens, tokenizer.pad_token_id,
+                                          tokenizer.eos_token_id, show_progress)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        meta = {"meta": {"trunk": src.name, "weights_sha256": sha, "prompts": cfg.self_prompts,
+                         "new_tokens": cfg.self_new_tokens, "samples": len(prompts)}}
+        rows = [json.dumps(meta)] + [json.dumps({"text": tokenizer.decode(p + c, skip_special_tokens=True)})
+                                     for p, c in zip(prompts, continuations)]
+        tmp.write_text("\n".join(rows) + "\n")
+        os.replace(tmp, path)
+    lines = path.read_text().splitlines()
+    if json.loads(lines[0])["meta"]["weights_sha256"] != sha:
+        raise UserError(f"{path} was made from other weights; delete it")
+    return [json.loads(line)["text"] for line in lines[1:]]

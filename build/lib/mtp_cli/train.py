@@ -1,0 +1,488 @@
+"""The training loop: one run = one model + its MTP modules, checkpointed and resumable.
+
+AdamW with warmup + cosine/WSD, gradient clipping and accumulation, fp32 on CPU and bf16 autocast
+on CUDA, optional torch.compile, DistributedDataParallel under torchrun (gloo on CPU, NCCL on CUDA).
+Batches depend only on (data seed, step), so a resumed run ends with the same weights as an
+uninterrupted one and N processes see the same global batch as one. train.seed sets the initialisation,
+train.data_seed the batch order (unset: train.seed, as before the two were apart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import signal
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mtp_cli import checkpoint as ckpt
+from mtp_cli import corpus, env, parallel, run_clock, sharded_checkpoint, tracking, ui
+from mtp_cli.config import Recipe, recipe_from_dict
+from mtp_cli.data import shards
+from mtp_cli.data import tokenizer as toklib
+from mtp_cli.decode.draft_vocab import count_tokens
+from mtp_cli.dist import DistInfo, dist_info
+from mtp_cli.errors import UserError
+from mtp_cli.evals import heldout
+from mtp_cli.model import MTPModel, parallel_backward, pretrained
+from mtp_cli.model import loss as L
+from mtp_cli.model.flops import flops_per_token
+from mtp_cli.model.trunk import compile_blocks
+from mtp_cli.schedule import lr_at
+
+# Keys of train.* that may change between an interrupted run and its resumption.
+RESUMABLE_TRAIN_KEYS = {"steps", "log_every", "eval_every", "ckpt_every", "eval_batches", "compile", "device", "track"}
+
+
+def default_run_name(recipe: Recipe) -> str:
+    m = recipe.mtp
+    parts = [recipe.name, m.objective]
+    if m.objective == "sequential":
+        parts += [f"d{m.depth}", f"lam{m.weight:g}"]
+        if m.mtp_input != "post-norm":
+            parts.append(m.mtp_input)
+    elif m.objective == "parallel":
+        parts += [f"n{m.heads}", f"lam{m.weight:g}"]
+    parts.append(f"s{recipe.train.seed}")
+    if recipe.train.order_seed != recipe.train.seed:
+        parts.append(f"data{recipe.train.order_seed}")
+    return "-".join(parts)
+
+
+def init_distributed(device_name: str) -> DistInfo:
+    """Join the torchrun job's process group (gloo on CPU, nccl on CUDA); alone, nothing to join."""
+    info = dist_info()
+    if info.world == 1:
+        return info
+    if not dist.is_initialized():
+        backend = "nccl" if (device_name != "cpu" and torch.cuda.is_available()) else "gloo"
+        dist.init_process_group(backend)
+    if torch.cuda.is_available() and device_name != "cpu":
+        torch.cuda.set_device(info.local_rank)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), info.local_rank)
+
+
+def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool:
+    """Validate the output folder; returns True when a checkpoint should be resumed."""
+    run_json = out / ckpt.RUN_JSON
+    if not out.exists() or not any(p.name != "jobs.json" for p in out.iterdir()):  # jobs.json: mtp_cli.launch
+        return False
+    if not run_json.is_file() and not force:
+        raise UserError(f"output folder {out} is not empty and holds no run; choose another --out or pass --force")
+    if force:  # replace the run's own files only; anything else in the folder is the user's
+        for name in (ckpt.CHECKPOINT, ckpt.RUN_JSON, ckpt.METRICS, ckpt.CHECKPOINT + ".tmp"):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / ckpt.TOKENIZER, ignore_errors=True)
+        sharded_checkpoint.remove(out)
+        return False
+    stored = ckpt.read_json(run_json).get("recipe", {})
+    try:  # keys added to the recipe since the run was stored take their defaults, as they did then
+        stored = recipe_from_dict(stored).to_dict()
+    except UserError:
+        pass
+    if not resume:
+        raise UserError(f"output folder {out} already holds a run; pass --resume to continue it or --force to start over")
+    mine = recipe.to_dict()
+    if recipe.data.tokenizer != "bpe" and isinstance(stored.get("model"), dict):
+        # the vocabulary comes from the tokenizer (the stored recipe has it), not from the recipe
+        stored = {**stored, "model": {**stored["model"], "vocab_size": mine["model"]["vocab_size"]}}
+    strip = lambda t: {k: v for k, v in _effective_data_seed(t).items() if k not in RESUMABLE_TRAIN_KEYS}  # noqa: E731
+    for section in ("model", "mtp", "data", "train"):
+        was, now = stored.get(section) or {}, mine[section]
+        if section == "train":
+            was, now = strip(was), strip(now)
+        if was != now:
+            raise UserError(f"output folder {out} holds a different run ({_setting_diff(section, was, now)}); "
+                            f"to continue it, give only the flags it was trained with (or none), or use another --out")
+    return ckpt.has_checkpoint(out)
+
+
+def _effective_data_seed(train: dict) -> dict:
+    """train.* with data_seed spelled out (unset = the seed), so `--data-seed S` with S = the seed
+    resumes a run stored without one: both draw the same batches."""
+    return {**train, "data_seed": train.get("seed") if train.get("data_seed") is None else train.get("data_seed")}
+
+
+def _setting_diff(section: str, was: dict, now: dict) -> str:
+    """Name the settings a refused --resume would change, e.g. `train.lr 0.003 -> 0.001`."""
+    keys = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+    return ", ".join(f"{section}.{k} {was.get(k)!r} -> {now.get(k)!r}" for k in keys) or f"{section} settings differ"
+
+
+@contextlib.contextmanager
+def _interrupt_between_steps(stop: dict):
+    """Ctrl-C (SIGINT) during a step is held until the step is applied and logged, so the checkpoint
+    saved on interrupt is the state after a whole step and metrics.jsonl has every row up to it. A
+    second Ctrl-C interrupts at once (`stop["hard"]`: nothing is saved, the last periodic checkpoint stays)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        if stop["requested"]:
+            stop["hard"] = True
+            raise KeyboardInterrupt
+        stop["requested"] = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _check_data_size(data: shards.TokenData, context: int) -> None:
+    """Both splits need at least one window of context + 1 tokens (+1 for a random start in training)."""
+    for split, tokens, need in (("training", data.train, context + 2), ("validation", data.val, context + 1)):
+        if len(tokens) < need:
+            raise UserError(f"the {split} split has {len(tokens):,} tokens, fewer than one window of "
+                            f"context + 1 = {context + 1} ({data.n_docs} documents); add data or lower model.context")
+    if data.n_docs == 1:
+        ui.console.print("warning: one document only — validation uses the training text", markup=False)
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a row torn by a kill mid-write
+            continue
+        if row.get("step", 0) <= last_step:
+            keep.append(line)
+    ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
+    t = recipe.train
+    trained = [p for p in model.parameters() if p.requires_grad]  # a frozen trunk is not the optimizer's
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8)
+
+
+def _load_state(out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, kind: str) -> tuple[dict, Path]:
+    """Load the run's last checkpoint into the model and optimizer: an FSDP run's sharded one (on every
+    rank, saved at any world size) or checkpoint.pt. Returns the checkpoint's other entries and its path."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    fsdp = kind == parallel.FSDP
+    where = out / (sharded_checkpoint.FOLDER if fsdp else ckpt.CHECKPOINT)
+    if fsdp and not sharded_checkpoint.exists(out):
+        raise UserError(f"{out} holds no sharded checkpoint ({where / sharded_checkpoint.LATEST} missing); "
+                        "delete the run's checkpoint or use --force")
+    try:
+        if fsdp:
+            return sharded_checkpoint.load_train_state(out, model, optimizer), where
+        state = ckpt.load_checkpoint(out)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        return state, where
+    except (RuntimeError, ValueError, KeyError, TypeError, CheckpointException) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"checkpoint {where} does not match this run's recipe "
+                        f"({type(exc).__name__}: {first}); delete it or use --force") from None
+
+
+def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: torch.device, step: int) -> dict:
+    batches = shards.val_batches(data.val, recipe.train.eval_batches, recipe.train.batch_size, recipe.model.context)
+    scores = heldout.evaluate(model, batches, device)
+    return {"kind": "val", "step": step, **{f"val_{k}": v for k, v in scores.items()}}
+
+
+def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = False,
+          show_progress: bool = True) -> dict:
+    """Train one run into `out`; returns the run summary (also written to out/run.json). With
+    train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`).
+    Under torchrun, train.parallel = "fsdp" shards the model (mtp_cli/parallel.py) and its checkpoints
+    (mtp_cli/sharded_checkpoint.py); "ddp" replicates it."""
+    segment_t0 = time.perf_counter()
+    recipe.validate()
+    t = recipe.train
+    if (t.freeze_trunk or recipe.data.source == "self") and not t.init_from:
+        raise UserError("this recipe starts from its [source]'s export: run it with `mtp ablate`, or pass --init-from")
+    source = pretrained.resolve_recipe(recipe) if t.init_from else None
+    tracking.require(t.track)
+    ddp = init_distributed(t.device)
+    if source is not None and ddp.main:
+        ui.console.print(f"context: training at {recipe.model.context:,} tokens ({t.init_from} has "
+                         f"{source.model.context:,} positions; set model.context in a recipe for another)",
+                         markup=False, highlight=False, soft_wrap=True)
+    device = torch.device(f"cuda:{ddp.local_rank}") if env.pick_device(t.device).type == "cuda" else torch.device("cpu")
+    per_rank, rem = divmod(t.batch_size, ddp.world * t.grad_accum)
+    if rem or per_rank < 1:
+        raise UserError(f"train.batch_size ({t.batch_size}) must be a multiple of world size × grad_accum "
+                        f"({ddp.world} × {t.grad_accum})")
+    out = Path(out)
+    do_resume = _check_out_dir(out, recipe, resume, force) if ddp.main else False
+    if ddp.world > 1:
+        flag = [do_resume]
+        dist.broadcast_object_list(flag, src=0)
+        do_resume = flag[0]
+
+    # Data: rank 0 builds the cache, the others read it.
+    if ddp.main:
+        data = corpus.prepare_for(recipe, show_progress)
+    if ddp.world > 1:
+        dist.barrier()
+    if not ddp.main:
+        data = corpus.prepare_for(recipe)
+    _check_data_size(data, recipe.model.context)
+    if source is not None:  # the checkpoint's embedding may have more rows than its tokenizer
+        if len(data.tokenizer) > recipe.model.vocab_size:
+            raise UserError(f"the tokenizer of {t.init_from} has {len(data.tokenizer)} tokens, more than its "
+                            f"vocab_size {recipe.model.vocab_size}")
+    elif recipe.data.tokenizer != "bpe":
+        recipe.model.vocab_size = len(data.tokenizer)
+    elif len(data.tokenizer) > recipe.model.vocab_size:
+        raise UserError(f"tokenizer has {len(data.tokenizer)} tokens, more than model.vocab_size {recipe.model.vocab_size}")
+
+    out.mkdir(parents=True, exist_ok=True)  # only once the data is known to be usable: a refusal leaves no folder
+    torch.manual_seed(t.seed)
+    model = MTPModel(recipe.model, recipe.mtp)
+    if source is not None:
+        pretrained.init_model(model, source)
+    if t.freeze_trunk:
+        model.freeze_trunk()
+    fsdp = parallel.sharded(t.parallel, ddp.world)
+    if t.compile:  # each block, before any sharding (as torchtitan does)
+        compile_blocks(model)
+    if fsdp:  # before the optimizer, which then holds the local shards
+        parallel.fully_shard_model(model, device, ddp.world)
+    model = model.to(device)
+    optimizer = _optimizer(model, recipe)
+    start_step, clock_state = 0, None
+    if do_resume:
+        state, where = _load_state(out, model, optimizer, t.parallel)
+        clock_state = state.get(run_clock.CHECKPOINT_KEY)
+        try:
+            start_step = int(state["step"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"checkpoint {where} does not match this run's recipe "
+                            f"({type(exc).__name__}: {exc}); delete it or use --force") from None
+        stored = ckpt.read_json(out / ckpt.RUN_JSON)
+        if start_step >= t.steps and stored.get("status") == "done" and stored.get("step") == start_step:
+            return stored  # finished already: nothing to train, nothing rewritten (run.json keeps its numbers)
+    if ddp.main:
+        _truncate_metrics(out / ckpt.METRICS, start_step)
+        data.tokenizer.save_pretrained(out / ckpt.TOKENIZER)
+
+    amp_dtype = env.autocast_dtype(device)
+    autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if amp_dtype and not fsdp else contextlib.nullcontext
+    peak = t.peak_flops or env.matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data))
+    fpt = flops_per_token(model, recipe.model.context)
+    # the head-at-a-time backward reads the root's parameters outside its forward: not under FSDP
+    mem_efficient = recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient and not t.freeze_trunk and not fsdp
+    forward_model: nn.Module = model
+    if ddp.world > 1 and not fsdp:
+        forward_model = DDP(forward_model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
+
+    counts = model.param_counts()
+    summary = {
+        "status": "running", "run": out.name, "objective": recipe.mtp.objective, "recipe": recipe.to_dict(),
+        "params": counts, "lambda": recipe.mtp.weight, "lambda_final": recipe.mtp.lambda_final,
+        "lambda_switch": recipe.mtp.lambda_switch, "trunk_layers": model.trunk.n_layers,
+        "note": _architecture_note(recipe, model),
+        "data": {"key": data.key, "train_tokens": len(data.train), "val_tokens": len(data.val),
+                 "val_bytes": data.n_bytes_val, "documents": data.n_docs, "tokenizer": recipe.data.tokenizer,
+                 "tokenizer_size": len(data.tokenizer)},
+        "world_size": ddp.world, "parallel": t.parallel, "device": str(device), "flops_per_token": fpt,
+        "peak_flops": peak,
+        "env": env.hardware(), "git_commit": env.git_commit(),
+        **({"init_from": source.record()} if source is not None else {}),
+    }
+    clock = run_clock.RunClock.resumed(clock_state, start_step, segment_t0)
+    summary.update(clock.summary())
+    if ddp.main:
+        ckpt.write_json(out / ckpt.RUN_JSON, summary)
+
+    tok_fp = toklib.fingerprint(data.tokenizer)
+    counts = count_tokens(data.train, recipe.model.vocab_size)  # the drafters' vocabulary (decode/draft_vocab.py)
+
+    def save(step: int) -> None:  # rank 0 writes checkpoint.pt; every rank writes its shards of a sharded one
+        extra = {"tokenizer_fingerprint": tok_fp, "token_counts": counts, run_clock.CHECKPOINT_KEY: clock.state()}
+        if t.parallel == parallel.FSDP:
+            sharded_checkpoint.save(out, model, optimizer, step, {"recipe": recipe.to_dict(), **extra})
+        elif ddp.main:
+            ckpt.save_checkpoint(out, model, optimizer, step, recipe, extra)
+
+    metrics_file = open(out / ckpt.METRICS, "a") if ddp.main else None
+    tracker = tracking.open_tracker(recipe, out, start_step if do_resume else None, new_run=not do_resume) \
+        if ddp.main else None
+    tokens_per_step = t.batch_size * recipe.model.context
+    last_val: dict = {}
+    step = start_step
+    model.train()
+    peak_memory_kind = env.reset_peak_memory(device)
+    state_mb = None
+    bar = ui.progress(disable=not (show_progress and ddp.main))
+    stop = {"requested": False, "hard": False}
+    try:
+        with bar, _interrupt_between_steps(stop):
+            task = bar.add_task(f"train {out.name}", total=t.steps, completed=start_step, info="")
+            while step < t.steps:
+                if stop["requested"]:
+                    raise KeyboardInterrupt
+                t0 = time.perf_counter()
+                lr = lr_at(step, t)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                lam = recipe.mtp.weight_at(step, t.steps)
+                x, y = shards.train_batch(data.train, step, t.order_seed, t.batch_size, recipe.model.context, ddp.rank, ddp.world)
+                x, y = x.to(device), y.to(device)
+                losses = _accumulate(forward_model, model, x, y, lam, t.grad_accum, mem_efficient, ddp, autocast)
+                if not all(math.isfinite(v) for v in losses.values()):
+                    raise UserError(f"loss is {losses['loss']} at step {step + 1}: training stopped, the last good "
+                                    f"checkpoint in {out} is kept (lower the learning rate?)")
+                grad_norm = parallel.clip_grad_norm(model.parameters(), t.grad_clip)
+                if not math.isfinite(grad_norm):
+                    raise UserError(f"gradient norm is {grad_norm} at step {step + 1}: training stopped, the last good "
+                                    f"checkpoint in {out} is kept")
+                optimizer.step()
+                if state_mb is None:  # parameters, gradients and AdamW state, as held after the first step
+                    state_mb = parallel.state_bytes(model, optimizer) / 2**20
+                optimizer.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                step += 1
+                clock.step_done(dt)
+                row = {"kind": "train", "step": step, "lr": lr, "lambda": lam, **losses, "grad_norm": grad_norm,
+                       "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
+                       "mfu": mfu(fpt * tokens_per_step / dt / ddp.world, peak)}
+                rows = [row] if (step % t.log_every == 0 or step == 1 or step == t.steps) else []
+                if step % t.eval_every == 0 or step == t.steps:
+                    last_val = _val_row(model, data, recipe, device, step)
+                    rows.append(last_val)
+                if metrics_file:
+                    for r in rows:
+                        metrics_file.write(json.dumps(r) + "\n")
+                    metrics_file.flush()
+                if tracker:
+                    for r in rows:
+                        tracker.log(r)
+                if step % t.ckpt_every == 0 or step == t.steps:
+                    save(step)
+                info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
+                bar.update(task, completed=step, info=info + f" {tokens_per_step / dt:,.0f} tok/s",
+                           log=step % t.log_every == 0)
+    except KeyboardInterrupt:
+        if ddp.main and ddp.world == 1 and step > start_step and not stop["hard"]:
+            save(step)
+            ui.console.print(f"interrupted: checkpoint saved at step {step}; continue with --resume")
+        _mark_stopped(out, {**summary, **clock.summary()}, "interrupted", step, ddp)
+        raise
+    except UserError:
+        _mark_stopped(out, {**summary, **clock.summary()}, "diverged", step, ddp)
+        raise
+    finally:
+        if metrics_file:
+            metrics_file.close()
+        if tracker:
+            tracker.close()
+
+    final = last_val or (_val_row(model, data, recipe, device, step) if ddp.main or fsdp else {})
+    memory = {"peak_memory_mb": env.peak_memory_mb(device), "state_mb": state_mb}
+    if ddp.world > 1:  # every rank's figures: under FSDP each holds its own share
+        ranks: list = [None] * ddp.world
+        dist.all_gather_object(ranks, memory)
+        memory.update({"peak_memory_mb_per_rank": [r["peak_memory_mb"] for r in ranks],
+                       "state_mb_per_rank": [r["state_mb"] for r in ranks]})
+    median = clock.median_step_time()
+    achieved = fpt * tokens_per_step / median / ddp.world if median else None
+    peak_note = None
+    if achieved and achieved > peak:  # the peak was measured low (a busy machine): no MFU is better than > 100%
+        peak_note = (f"the matmul peak {peak / 1e9:.0f} GFLOP/s is below the achieved {achieved / 1e9:.0f} GFLOP/s: "
+                     "unreliable, no MFU reported")
+        if not t.peak_flops and ddp.main:  # later runs on this machine divide by at least what this one reached
+            env.raise_matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data), achieved)
+    summary.update({
+        "status": "done", "step": step, **clock.summary(),
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        "final": final, **({"peak_note": peak_note} if peak_note else {}),
+        "throughput": {
+            "step_time_s_median": median,
+            "tokens_per_s_median": tokens_per_step / median if median else None,
+            "flops_per_s_median": achieved,
+            "mfu_median": mfu(achieved, peak) if achieved else None,
+            **memory,
+            "peak_memory_kind": peak_memory_kind,
+        },
+    })
+    if ddp.main:
+        ckpt.write_json(out / ckpt.RUN_JSON, summary)
+    return summary
+
+
+def mfu(flops_per_s: float, peak: float | None) -> float | None:
+    """Achieved FLOP/s over the peak; None (not a figure above 100%) when the peak is not above it."""
+    return flops_per_s / peak if peak and flops_per_s <= peak else None
+
+
+def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: DistInfo) -> None:
+    if ddp.main:
+        ckpt.write_json(out / ckpt.RUN_JSON, {**summary, "status": status, "step": step})
+
+
+def _accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,
+                accum: int, mem_efficient: bool, ddp: DistInfo, autocast) -> dict[str, float]:
+    """Forward+backward over `accum` micro-batches; returns the step's losses. Each loss (main, and each
+    extra k) is its sum over this rank's valid targets divided by the count of valid targets in the
+    whole global batch (every rank's micro-batches) over the world size: DDP and FSDP average the
+    gradients over ranks, so the gradient is that of the global mean even when ranks hold different
+    numbers of valid targets (model/loss.py), and the logged losses, averaged over ranks, are its value."""
+    counts = L.valid_counts(y, model.n_extra).double()
+    if ddp.world > 1:
+        dist.all_reduce(counts)
+    totals = [max(c, 1.0) / ddp.world for c in counts.tolist()]
+    sums: dict[str, float] = {}
+    for i, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
+        last = i == accum - 1
+        sync_ctx = (
+            forward_model.no_sync if (isinstance(forward_model, DDP) and (not last or mem_efficient)) else contextlib.nullcontext
+        )
+        with sync_ctx(), autocast():
+            if mem_efficient:
+                out = parallel_backward(model, xm, ym, lam, totals=totals)
+            else:
+                out = forward_model(xm, ym, lam, totals)
+                out.loss.backward()
+        parts = {"loss": out.loss.detach(), "loss_main": out.loss_main.detach(),
+                 **{f"loss_mtp_{k}": v.detach() for k, v in enumerate(out.loss_extra, 1)}}
+        for key, value in parts.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    if ddp.world > 1:
+        if mem_efficient:  # the one-head-at-a-time backward ran outside DDP's hooks: average by hand
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= ddp.world
+        keys = sorted(sums)
+        vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=y.device)
+        dist.all_reduce(vec)
+        sums = {k: float(v) / ddp.world for k, v in zip(keys, vec)}
+    return sums
+
+
+def _architecture_note(recipe: Recipe, model: MTPModel) -> str:
+    m = recipe.mtp
+    if m.objective == "parallel":
+        matched = (f"compute-matched: trunk has {model.trunk.n_layers} layers ({recipe.model.n_layers} - {m.heads - 1}); "
+                   if m.compute_matched else f"not compute-matched: trunk keeps {model.trunk.n_layers} layers; ")
+        return matched + f"{m.heads} heads, head 1 = the trunk's last layer; λ = {m.weight:g} over {m.heads - 1} extra heads"
+    if m.objective == "sequential":
+        sched = f", λ → {m.lambda_final:g} after {m.lambda_switch:.0%} of steps" if m.lambda_final is not None else ""
+        return f"{m.depth} sequential module(s), depth 1 fed the trunk's {m.mtp_input} state, λ = {m.weight:g}{sched}"
+    return "next-token prediction only"
