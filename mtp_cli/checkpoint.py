@@ -11,7 +11,6 @@ Layout of a run folder:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,22 +21,13 @@ from mtp_cli import outputs
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
+from mtp_cli.files import replacing
 from mtp_cli.model import MTPModel
 
 CHECKPOINT = "checkpoint.pt"
 RUN_JSON = outputs.RUN_MARKER
 METRICS = "metrics.jsonl"
 TOKENIZER = "tokenizer"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def read_json(path: Path) -> dict:
@@ -51,9 +41,8 @@ def save_checkpoint(run_dir: Path, model: MTPModel, optimizer: torch.optim.Optim
                     recipe: Recipe, extra: dict | None = None) -> None:
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
              "step": step, "recipe": recipe.to_dict(), **(extra or {})}
-    tmp = run_dir / (CHECKPOINT + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, run_dir / CHECKPOINT)
+    with replacing(run_dir / CHECKPOINT) as tmp:
+        torch.save(state, tmp)
 
 
 def has_checkpoint(run_dir: Path) -> bool:

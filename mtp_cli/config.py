@@ -564,13 +564,29 @@ def shipped_recipes() -> list[str]:
 
 
 def load_recipe(name_or_path: str | Path = "quick") -> Recipe:
-    path = resolve_recipe_path(name_or_path)
+    return from_dict(Recipe, recipe_data(resolve_recipe_path(name_or_path))).check_grid()
+
+
+def recipe_data(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file's tables. `extends = "other"` starts from that recipe's tables: each table this file
+    gives replaces the same keys of the other's (`seeds`, `variants` and other top-level values are
+    replaced whole); `name` and `description` are this file's own."""
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"recipe {path} is not valid TOML: {exc}") from None
+    base_name = data.pop("extends", None)
+    if base_name is not None:
+        base_path = resolve_recipe_path(base_name)
+        if base_path.resolve() in _seen:
+            raise UserError(f"recipe {path}: extends {base_name}, which extends it back")
+        base = recipe_data(base_path, (*_seen, path.resolve()))
+        base.pop("description", None)
+        for key, value in data.items():
+            base[key] = {**base[key], **value} if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        data = base | {"name": data.get("name", path.stem)}
     data.setdefault("name", path.stem)
-    return from_dict(Recipe, data).check_grid()
+    return data
 
 
 def recipe_from_dict(data: dict[str, Any]) -> Recipe:

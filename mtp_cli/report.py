@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mtp_cli import claims, compare, plots, results
-from mtp_cli.checkpoint import write_json
+from mtp_cli.files import atomic_write_text, write_json
 from mtp_cli.report_deltas import difference_tables
 from mtp_cli.report_format import NOT_MEASURED, fmt, fmt_delta, fmt_estimate, interval, seed_values, speed
 from mtp_cli.resultset import BEFORE, Metric, ResultSet, code_commit, load, values
@@ -540,9 +540,7 @@ def render_report(results_dir: str | Path, console: Console | None = None) -> Pa
         if s.title == "Plots" and not s.images:
             body.append("No plots: no stored metrics to draw.\n")
     path = r.dir / results.REPORT
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(head + body).rstrip() + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, "\n".join(head + body).rstrip() + "\n")
     write_json(r.dir / RENDERED_BY, {"report_code_commit": code_commit(), "results_commits": r.results_commits})
     if console is not None:
         if missing:

@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from mtp_cli.config import Recipe, recipe_from_dict
+from mtp_cli.files import replacing
 
 STAGES = ("train", "export", "eval", "specbench")
 LOCK = "recipe.lock.json"
@@ -509,7 +510,6 @@ def _deltas(frame: pd.DataFrame) -> pd.DataFrame:
 
 def write_summary(results_dir: Path) -> Path:
     path = Path(results_dir) / SUMMARY
-    tmp = path.with_name(path.name + ".tmp")
-    summary_frame(results_dir).to_csv(tmp, index=False)
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        summary_frame(results_dir).to_csv(tmp, index=False)
     return path

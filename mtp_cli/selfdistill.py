@@ -25,10 +25,11 @@ import torch
 
 from mtp_cli import ui
 from mtp_cli.config import DataConfig
-from mtp_cli.data import sources
+from mtp_cli.data import gsm8k_format, sources
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import load_prompts
 from mtp_cli.errors import UserError
+from mtp_cli.files import atomic_write_text
 from mtp_cli.model import pretrained
 
 BATCH = 64
@@ -49,8 +50,7 @@ def _corpus_prompts(cfg: DataConfig, tokenizer) -> list[list[int]]:
 def _text_prompts(cfg: DataConfig) -> list[str]:
     if cfg.self_prompts == "humaneval":
         return load_prompts("humaneval", cfg.self_samples)
-    docs = sources.documents(DataConfig(source="gsm8k", paths=cfg.paths))
-    questions = [doc.split("\nAnswer:")[0] + "\nAnswer:" for doc in docs]
+    questions = [gsm8k_format.prompt(row["question"]) for row in sources.gsm8k_train_rows(cfg.paths)]
     if not questions:
         raise UserError(f"no GSM8K training questions (train*.jsonl) under {', '.join(cfg.paths)}")
     return questions[:cfg.self_samples]
@@ -103,13 +103,11 @@ def documents(cfg: DataConfig, source: str | Path, cache_root: Path, show_progre
         continuations = continue_greedily(model, prompts, cfg.self_new_tokens, tokenizer.pad_token_id,
                                           tokenizer.eos_token_id, show_progress)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         meta = {"meta": {"trunk": src.name, "weights_sha256": sha, "prompts": cfg.self_prompts,
                          "new_tokens": cfg.self_new_tokens, "samples": len(prompts)}}
         rows = [json.dumps(meta)] + [json.dumps({"text": tokenizer.decode(p + c, skip_special_tokens=True)})
                                      for p, c in zip(prompts, continuations)]
-        tmp.write_text("\n".join(rows) + "\n")
-        os.replace(tmp, path)
+        atomic_write_text(path, "\n".join(rows) + "\n", tag=str(os.getpid()))  # ranks may write it at once
     lines = path.read_text().splitlines()
     if json.loads(lines[0])["meta"]["weights_sha256"] != sha:
         raise UserError(f"{path} was made from other weights; delete it")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import time
 import warnings
@@ -29,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from mtp_cli.errors import UserError
+from mtp_cli.files import atomic_write_text
 
 FOLDER = "sharded"
 LATEST = "latest.json"
@@ -87,9 +87,7 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
         torch.save({"step": step, **extra}, folder / EXTRA)
         world = dist.get_world_size() if _distributed() else 1
         text = json.dumps({"step": step, "folder": folder.name, "world_size": world}) + "\n"
-        tmp = latest_file(run_dir).with_suffix(".json.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, latest_file(run_dir))
+        atomic_write_text(latest_file(run_dir), text)
         for old in root.iterdir():  # earlier checkpoints, and any left half-written by a killed save
             if old.is_dir() and old.name != folder.name:
                 shutil.rmtree(old, ignore_errors=True)

@@ -168,7 +168,7 @@ def _read_state(run_dir: Path) -> dict:
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    from mtp_cli.checkpoint import write_json
+    from mtp_cli.files import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / STATE_JSON, state)

@@ -33,6 +33,7 @@ from mtp_cli.decode.draft_vocab import count_tokens
 from mtp_cli.dist import DistInfo, dist_info
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout
+from mtp_cli.files import atomic_write_text, write_json
 from mtp_cli.model import MTPModel, parallel_backward, pretrained
 from mtp_cli.model import loss as L
 from mtp_cli.model.flops import flops_per_token
@@ -161,7 +162,7 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
             continue
         if row.get("step", 0) <= last_step:
             keep.append(line)
-    ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep))
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
 def _optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
@@ -209,6 +210,28 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     Under torchrun, train.parallel = "fsdp" shards the model (mtp_cli/parallel.py) and its checkpoints
     (mtp_cli/sharded_checkpoint.py); "ddp" replicates it."""
     segment_t0 = time.perf_counter()
+    source, ddp, device = _check_recipe(recipe)
+    out = Path(out)
+    do_resume = _on_every_rank(ddp, _check_out_dir(out, recipe, resume, force) if ddp.main else False)
+    data = _prepare_data(recipe, ddp, source, show_progress)
+    out.mkdir(parents=True, exist_ok=True)  # only once the data is known to be usable: a refusal leaves no folder
+    model, optimizer = _build_model(recipe, source, device, ddp)
+    start_step, clock_state = 0, None
+    if do_resume:
+        start_step, clock_state, finished = _resume(out, model, optimizer, recipe)
+        if finished is not None:
+            return finished  # finished already: nothing to train, nothing rewritten (run.json keeps its numbers)
+    if ddp.main:
+        _truncate_metrics(out / ckpt.METRICS, start_step)
+        data.tokenizer.save_pretrained(out / ckpt.TOKENIZER)
+    run = _Training(recipe, out, ddp, device, data, model, optimizer, source, start_step,
+                    run_clock.RunClock.resumed(clock_state, start_step, segment_t0))
+    step, last_val = run.loop(resumed=do_resume, show_progress=show_progress)
+    return run.finish(step, last_val)
+
+
+def _check_recipe(recipe: Recipe) -> tuple[pretrained.Source | None, DistInfo, torch.device]:
+    """Validate what can be checked before any file is touched; join the torchrun job."""
     recipe.validate()
     t = recipe.train
     if (t.freeze_trunk or recipe.data.source == "self") and not t.init_from:
@@ -225,14 +248,20 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     if rem or per_rank < 1:
         raise UserError(f"train.batch_size ({t.batch_size}) must be a multiple of world size × grad_accum "
                         f"({ddp.world} × {t.grad_accum})")
-    out = Path(out)
-    do_resume = _check_out_dir(out, recipe, resume, force) if ddp.main else False
-    if ddp.world > 1:
-        flag = [do_resume]
-        dist.broadcast_object_list(flag, src=0)
-        do_resume = flag[0]
+    return source, ddp, device
 
-    # Data: rank 0 builds the cache, the others read it.
+
+def _on_every_rank(ddp: DistInfo, value):
+    """Rank 0's value, on every rank."""
+    if ddp.world > 1:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
+
+
+def _prepare_data(recipe: Recipe, ddp: DistInfo, source, show_progress: bool) -> shards.TokenData:
+    """The run's token data (rank 0 builds the cache, the others read it), checked against the model."""
     if ddp.main:
         data = corpus.prepare_for(recipe, show_progress)
     if ddp.world > 1:
@@ -242,188 +271,224 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     _check_data_size(data, recipe.model.context)
     if source is not None:  # the checkpoint's embedding may have more rows than its tokenizer
         if len(data.tokenizer) > recipe.model.vocab_size:
-            raise UserError(f"the tokenizer of {t.init_from} has {len(data.tokenizer)} tokens, more than its "
-                            f"vocab_size {recipe.model.vocab_size}")
+            raise UserError(f"the tokenizer of {recipe.train.init_from} has {len(data.tokenizer)} tokens, more than "
+                            f"its vocab_size {recipe.model.vocab_size}")
     elif recipe.data.tokenizer != "bpe":
         recipe.model.vocab_size = len(data.tokenizer)
     elif len(data.tokenizer) > recipe.model.vocab_size:
         raise UserError(f"tokenizer has {len(data.tokenizer)} tokens, more than model.vocab_size {recipe.model.vocab_size}")
+    return data
 
-    out.mkdir(parents=True, exist_ok=True)  # only once the data is known to be usable: a refusal leaves no folder
+
+def _build_model(recipe: Recipe, source, device: torch.device, ddp: DistInfo) -> tuple[MTPModel, torch.optim.Optimizer]:
+    """The model at train.seed (or from the source checkpoint), compiled, sharded and moved; its optimizer."""
+    t = recipe.train
     torch.manual_seed(t.seed)
     model = MTPModel(recipe.model, recipe.mtp)
     if source is not None:
         pretrained.init_model(model, source)
     if t.freeze_trunk:
         model.freeze_trunk()
-    fsdp = parallel.sharded(t.parallel, ddp.world)
     if t.compile:  # each block, before any sharding (as torchtitan does)
         compile_blocks(model)
-    if fsdp:  # before the optimizer, which then holds the local shards
+    if parallel.sharded(t.parallel, ddp.world):  # before the optimizer, which then holds the local shards
         parallel.fully_shard_model(model, device, ddp.world)
     model = model.to(device)
-    optimizer = _optimizer(model, recipe)
-    start_step, clock_state = 0, None
-    if do_resume:
-        state, where = _load_state(out, model, optimizer, t.parallel)
-        clock_state = state.get(run_clock.CHECKPOINT_KEY)
-        try:
-            start_step = int(state["step"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"checkpoint {where} does not match this run's recipe "
-                            f"({type(exc).__name__}: {exc}); delete it or use --force") from None
-        stored = ckpt.read_json(out / ckpt.RUN_JSON)
-        if start_step >= t.steps and stored.get("status") == "done" and stored.get("step") == start_step:
-            return stored  # finished already: nothing to train, nothing rewritten (run.json keeps its numbers)
-    if ddp.main:
-        _truncate_metrics(out / ckpt.METRICS, start_step)
-        data.tokenizer.save_pretrained(out / ckpt.TOKENIZER)
+    return model, _optimizer(model, recipe)
 
-    amp_dtype = env.autocast_dtype(device)
-    autocast = (lambda: torch.autocast("cuda", dtype=amp_dtype)) if amp_dtype and not fsdp else contextlib.nullcontext
-    peak = t.peak_flops or env.matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data))
-    fpt = flops_per_token(model, recipe.model.context)
-    # the head-at-a-time backward reads the root's parameters outside its forward: not under FSDP
-    mem_efficient = recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient and not t.freeze_trunk and not fsdp
-    forward_model: nn.Module = model
-    if ddp.world > 1 and not fsdp:
-        forward_model = DDP(forward_model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
 
-    counts = model.param_counts()
-    summary = {
-        "status": "running", "run": out.name, "objective": recipe.mtp.objective, "recipe": recipe.to_dict(),
-        "params": counts, "lambda": recipe.mtp.weight, "lambda_final": recipe.mtp.lambda_final,
-        "lambda_switch": recipe.mtp.lambda_switch, "trunk_layers": model.trunk.n_layers,
-        "note": _architecture_note(recipe, model),
-        "data": {"key": data.key, "train_tokens": len(data.train), "val_tokens": len(data.val),
-                 "val_bytes": data.n_bytes_val, "documents": data.n_docs, "tokenizer": recipe.data.tokenizer,
-                 "tokenizer_size": len(data.tokenizer)},
-        "world_size": ddp.world, "parallel": t.parallel, "device": str(device), "flops_per_token": fpt,
-        "peak_flops": peak,
-        "env": env.hardware(), "git_commit": env.git_commit(),
-        **({"init_from": source.record()} if source is not None else {}),
-    }
-    clock = run_clock.RunClock.resumed(clock_state, start_step, segment_t0)
-    summary.update(clock.summary())
-    if ddp.main:
-        ckpt.write_json(out / ckpt.RUN_JSON, summary)
-
-    tok_fp = toklib.fingerprint(data.tokenizer)
-    counts = count_tokens(data.train, recipe.model.vocab_size)  # the drafters' vocabulary (decode/draft_vocab.py)
-
-    def save(step: int) -> None:  # rank 0 writes checkpoint.pt; every rank writes its shards of a sharded one
-        extra = {"tokenizer_fingerprint": tok_fp, "token_counts": counts, run_clock.CHECKPOINT_KEY: clock.state()}
-        if t.parallel == parallel.FSDP:
-            sharded_checkpoint.save(out, model, optimizer, step, {"recipe": recipe.to_dict(), **extra})
-        elif ddp.main:
-            ckpt.save_checkpoint(out, model, optimizer, step, recipe, extra)
-
-    metrics_file = open(out / ckpt.METRICS, "a") if ddp.main else None
-    tracker = tracking.open_tracker(recipe, out, start_step if do_resume else None, new_run=not do_resume) \
-        if ddp.main else None
-    tokens_per_step = t.batch_size * recipe.model.context
-    last_val: dict = {}
-    step = start_step
-    model.train()
-    peak_memory_kind = env.reset_peak_memory(device)
-    state_mb = None
-    bar = ui.progress(disable=not (show_progress and ddp.main))
-    stop = {"requested": False, "hard": False}
+def _resume(out: Path, model: MTPModel, optimizer, recipe: Recipe) -> tuple[int, dict | None, dict | None]:
+    """(the step to continue from, the stored run clock, run.json when the run had already finished)."""
+    state, where = _load_state(out, model, optimizer, recipe.train.parallel)
     try:
-        with bar, _interrupt_between_steps(stop):
-            task = bar.add_task(f"train {out.name}", total=t.steps, completed=start_step, info="")
-            while step < t.steps:
-                if stop["requested"]:
-                    raise KeyboardInterrupt
-                t0 = time.perf_counter()
-                lr = lr_at(step, t)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                lam = recipe.mtp.weight_at(step, t.steps)
-                x, y = shards.train_batch(data.train, step, t.order_seed, t.batch_size, recipe.model.context, ddp.rank, ddp.world)
-                x, y = x.to(device), y.to(device)
-                losses = _accumulate(forward_model, model, x, y, lam, t.grad_accum, mem_efficient, ddp, autocast)
-                if not all(math.isfinite(v) for v in losses.values()):
-                    raise UserError(f"loss is {losses['loss']} at step {step + 1}: training stopped, the last good "
-                                    f"checkpoint in {out} is kept (lower the learning rate?)")
-                grad_norm = parallel.clip_grad_norm(model.parameters(), t.grad_clip)
-                if not math.isfinite(grad_norm):
-                    raise UserError(f"gradient norm is {grad_norm} at step {step + 1}: training stopped, the last good "
-                                    f"checkpoint in {out} is kept")
-                optimizer.step()
-                if state_mb is None:  # parameters, gradients and AdamW state, as held after the first step
-                    state_mb = parallel.state_bytes(model, optimizer) / 2**20
-                optimizer.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
-                step += 1
-                clock.step_done(dt)
-                row = {"kind": "train", "step": step, "lr": lr, "lambda": lam, **losses, "grad_norm": grad_norm,
-                       "step_time_s": dt, "tokens_per_s": tokens_per_step / dt,
-                       "mfu": mfu(fpt * tokens_per_step / dt / ddp.world, peak)}
-                rows = [row] if (step % t.log_every == 0 or step == 1 or step == t.steps) else []
-                if step % t.eval_every == 0 or step == t.steps:
-                    last_val = _val_row(model, data, recipe, device, step)
-                    rows.append(last_val)
-                if metrics_file:
-                    for r in rows:
-                        metrics_file.write(json.dumps(r) + "\n")
-                    metrics_file.flush()
-                if tracker:
-                    for r in rows:
-                        tracker.log(r)
-                if step % t.ckpt_every == 0 or step == t.steps:
-                    save(step)
-                info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
-                bar.update(task, completed=step, info=info + f" {tokens_per_step / dt:,.0f} tok/s",
-                           log=step % t.log_every == 0)
-    except KeyboardInterrupt:
-        if ddp.main and ddp.world == 1 and step > start_step and not stop["hard"]:
-            save(step)
-            ui.console.print(f"interrupted: checkpoint saved at step {step}; continue with --resume")
-        _mark_stopped(out, {**summary, **clock.summary()}, "interrupted", step, ddp)
-        raise
-    except UserError:
-        _mark_stopped(out, {**summary, **clock.summary()}, "diverged", step, ddp)
-        raise
-    finally:
-        if metrics_file:
-            metrics_file.close()
-        if tracker:
-            tracker.close()
+        start_step = int(state["step"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"checkpoint {where} does not match this run's recipe "
+                        f"({type(exc).__name__}: {exc}); delete it or use --force") from None
+    stored = ckpt.read_json(out / ckpt.RUN_JSON)
+    finished = start_step >= recipe.train.steps and stored.get("status") == "done" and stored.get("step") == start_step
+    return start_step, state.get(run_clock.CHECKPOINT_KEY), stored if finished else None
 
-    final = last_val or (_val_row(model, data, recipe, device, step) if ddp.main or fsdp else {})
-    memory = {"peak_memory_mb": env.peak_memory_mb(device), "state_mb": state_mb}
-    if ddp.world > 1:  # every rank's figures: under FSDP each holds its own share
-        ranks: list = [None] * ddp.world
-        dist.all_gather_object(ranks, memory)
-        memory.update({"peak_memory_mb_per_rank": [r["peak_memory_mb"] for r in ranks],
-                       "state_mb_per_rank": [r["state_mb"] for r in ranks]})
-    median = clock.median_step_time()
-    achieved = fpt * tokens_per_step / median / ddp.world if median else None
-    peak_note = None
-    if achieved and achieved > peak:  # the peak was measured low (a busy machine): no MFU is better than > 100%
-        peak_note = (f"the matmul peak {peak / 1e9:.0f} GFLOP/s is below the achieved {achieved / 1e9:.0f} GFLOP/s: "
-                     "unreliable, no MFU reported")
-        if not t.peak_flops and ddp.main:  # later runs on this machine divide by at least what this one reached
-            env.raise_matmul_peak(device, amp_dtype or torch.float32, shards.cache_root(recipe.data), achieved)
-    summary.update({
-        "status": "done", "step": step, **clock.summary(),
-        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        "final": final, **({"peak_note": peak_note} if peak_note else {}),
-        "throughput": {
-            "step_time_s_median": median,
-            "tokens_per_s_median": tokens_per_step / median if median else None,
-            "flops_per_s_median": achieved,
-            "mfu_median": mfu(achieved, peak) if achieved else None,
-            **memory,
-            "peak_memory_kind": peak_memory_kind,
-        },
-    })
-    if ddp.main:
-        ckpt.write_json(out / ckpt.RUN_JSON, summary)
-    return summary
+
+class _Training:
+    """One training segment from `start_step`: its fixed settings, the step, the loop with its logging
+    and checkpoints, and the closing summary."""
+
+    def __init__(self, recipe: Recipe, out: Path, ddp: DistInfo, device: torch.device, data: shards.TokenData,
+                 model: MTPModel, optimizer: torch.optim.Optimizer, source, start_step: int, clock: run_clock.RunClock):
+        t = recipe.train
+        self.recipe, self.t, self.out, self.ddp, self.device, self.data = recipe, t, out, ddp, device, data
+        self.model, self.optimizer, self.start_step, self.clock = model, optimizer, start_step, clock
+        self.fsdp = parallel.sharded(t.parallel, ddp.world)
+        self.amp_dtype = env.autocast_dtype(device)
+        self.autocast = ((lambda: torch.autocast("cuda", dtype=self.amp_dtype)) if self.amp_dtype and not self.fsdp
+                         else contextlib.nullcontext)
+        self.peak = t.peak_flops or env.matmul_peak(device, self.amp_dtype or torch.float32, shards.cache_root(recipe.data))
+        self.fpt = flops_per_token(model, recipe.model.context)
+        self.tokens_per_step = t.batch_size * recipe.model.context
+        # the head-at-a-time backward reads the root's parameters outside its forward: not under FSDP
+        self.mem_efficient = (recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient
+                              and not t.freeze_trunk and not self.fsdp)
+        self.forward_model: nn.Module = model
+        if ddp.world > 1 and not self.fsdp:
+            self.forward_model = DDP(model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
+        self.tokenizer_fingerprint = toklib.fingerprint(data.tokenizer)
+        self.token_counts = count_tokens(data.train, recipe.model.vocab_size)  # the drafters' vocabulary (draft_vocab)
+        self.state_mb: float | None = None
+        self.summary = self._start_summary(source)
+        if ddp.main:
+            write_json(out / ckpt.RUN_JSON, self.summary)
+
+    def _start_summary(self, source) -> dict:
+        recipe, data, model = self.recipe, self.data, self.model
+        return {
+            "status": "running", "run": self.out.name, "objective": recipe.mtp.objective, "recipe": recipe.to_dict(),
+            "params": model.param_counts(), "lambda": recipe.mtp.weight, "lambda_final": recipe.mtp.lambda_final,
+            "lambda_switch": recipe.mtp.lambda_switch, "trunk_layers": model.trunk.n_layers,
+            "note": _architecture_note(recipe, model),
+            "data": {"key": data.key, "train_tokens": len(data.train), "val_tokens": len(data.val),
+                     "val_bytes": data.n_bytes_val, "documents": data.n_docs, "tokenizer": recipe.data.tokenizer,
+                     "tokenizer_size": len(data.tokenizer)},
+            "world_size": self.ddp.world, "parallel": self.t.parallel, "device": str(self.device),
+            "flops_per_token": self.fpt, "peak_flops": self.peak,
+            "env": env.hardware(), "git_commit": env.git_commit(),
+            **({"init_from": source.record()} if source is not None else {}),
+            **self.clock.summary(),
+        }
+
+    def save(self, step: int) -> None:
+        """Rank 0 writes checkpoint.pt; every rank writes its shards of a sharded one."""
+        extra = {"tokenizer_fingerprint": self.tokenizer_fingerprint, "token_counts": self.token_counts,
+                 run_clock.CHECKPOINT_KEY: self.clock.state()}
+        if self.t.parallel == parallel.FSDP:
+            sharded_checkpoint.save(self.out, self.model, self.optimizer, step, {"recipe": self.recipe.to_dict(), **extra})
+        elif self.ddp.main:
+            ckpt.save_checkpoint(self.out, self.model, self.optimizer, step, self.recipe, extra)
+
+    def train_step(self, step: int) -> tuple[dict, dict]:
+        """One optimizer step from `step`: (its metrics row, its losses). A non-finite loss or gradient
+        stops the run, keeping the last good checkpoint."""
+        t, recipe = self.t, self.recipe
+        t0 = time.perf_counter()
+        lr = lr_at(step, t)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        lam = recipe.mtp.weight_at(step, t.steps)
+        x, y = shards.train_batch(self.data.train, step, t.order_seed, t.batch_size, recipe.model.context,
+                                  self.ddp.rank, self.ddp.world)
+        x, y = x.to(self.device), y.to(self.device)
+        losses = _accumulate(self.forward_model, self.model, x, y, lam, t.grad_accum, self.mem_efficient, self.ddp,
+                             self.autocast)
+        if not all(math.isfinite(v) for v in losses.values()):
+            raise UserError(f"loss is {losses['loss']} at step {step + 1}: training stopped, the last good "
+                            f"checkpoint in {self.out} is kept (lower the learning rate?)")
+        grad_norm = parallel.clip_grad_norm(self.model.parameters(), t.grad_clip)
+        if not math.isfinite(grad_norm):
+            raise UserError(f"gradient norm is {grad_norm} at step {step + 1}: training stopped, the last good "
+                            f"checkpoint in {self.out} is kept")
+        self.optimizer.step()
+        if self.state_mb is None:  # parameters, gradients and AdamW state, as held after the first step
+            self.state_mb = parallel.state_bytes(self.model, self.optimizer) / 2**20
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        self.clock.step_done(dt)
+        row = {"kind": "train", "step": step + 1, "lr": lr, "lambda": lam, **losses, "grad_norm": grad_norm,
+               "step_time_s": dt, "tokens_per_s": self.tokens_per_step / dt,
+               "mfu": mfu(self.fpt * self.tokens_per_step / dt / self.ddp.world, self.peak)}
+        return row, losses
+
+    def loop(self, resumed: bool, show_progress: bool) -> tuple[int, dict]:
+        """Steps until train.steps, logging, validating and checkpointing on their schedules; a Ctrl-C
+        between steps saves a checkpoint. Returns (the last step, the last validation row)."""
+        t, ddp, out = self.t, self.ddp, self.out
+        metrics_file = open(out / ckpt.METRICS, "a") if ddp.main else None
+        tracker = tracking.open_tracker(self.recipe, out, self.start_step if resumed else None,
+                                        new_run=not resumed) if ddp.main else None
+        last_val: dict = {}
+        step = self.start_step
+        self.model.train()
+        self.peak_memory_kind = env.reset_peak_memory(self.device)
+        bar = ui.progress(disable=not (show_progress and ddp.main))
+        stop = {"requested": False, "hard": False}
+        try:
+            with bar, _interrupt_between_steps(stop):
+                task = bar.add_task(f"train {out.name}", total=t.steps, completed=self.start_step, info="")
+                while step < t.steps:
+                    if stop["requested"]:
+                        raise KeyboardInterrupt
+                    row, losses = self.train_step(step)
+                    step += 1
+                    rows = [row] if (step % t.log_every == 0 or step == 1 or step == t.steps) else []
+                    if step % t.eval_every == 0 or step == t.steps:
+                        last_val = _val_row(self.model, self.data, self.recipe, self.device, step)
+                        rows.append(last_val)
+                    for r in rows:
+                        if metrics_file:
+                            metrics_file.write(json.dumps(r) + "\n")
+                        if tracker:
+                            tracker.log(r)
+                    if metrics_file:
+                        metrics_file.flush()
+                    if step % t.ckpt_every == 0 or step == t.steps:
+                        self.save(step)
+                    info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
+                    bar.update(task, completed=step, info=info + f" {row['tokens_per_s']:,.0f} tok/s",
+                               log=step % t.log_every == 0)
+        except KeyboardInterrupt:
+            if ddp.main and ddp.world == 1 and step > self.start_step and not stop["hard"]:
+                self.save(step)
+                ui.console.print(f"interrupted: checkpoint saved at step {step}; continue with --resume")
+            _mark_stopped(out, {**self.summary, **self.clock.summary()}, "interrupted", step, ddp)
+            raise
+        except UserError:
+            _mark_stopped(out, {**self.summary, **self.clock.summary()}, "diverged", step, ddp)
+            raise
+        finally:
+            if metrics_file:
+                metrics_file.close()
+            if tracker:
+                tracker.close()
+        return step, last_val
+
+    def finish(self, step: int, last_val: dict) -> dict:
+        """The final validation, memory and throughput figures, written into run.json as status "done"."""
+        ddp, t = self.ddp, self.t
+        final = last_val or (_val_row(self.model, self.data, self.recipe, self.device, step) if ddp.main or self.fsdp
+                             else {})
+        memory = {"peak_memory_mb": env.peak_memory_mb(self.device), "state_mb": self.state_mb}
+        if ddp.world > 1:  # every rank's figures: under FSDP each holds its own share
+            ranks: list = [None] * ddp.world
+            dist.all_gather_object(ranks, memory)
+            memory.update({"peak_memory_mb_per_rank": [r["peak_memory_mb"] for r in ranks],
+                           "state_mb_per_rank": [r["state_mb"] for r in ranks]})
+        median = self.clock.median_step_time()
+        achieved = self.fpt * self.tokens_per_step / median / ddp.world if median else None
+        peak_note = None
+        if achieved and achieved > self.peak:  # the peak was measured low (a busy machine): no MFU beats > 100%
+            peak_note = (f"the matmul peak {self.peak / 1e9:.0f} GFLOP/s is below the achieved {achieved / 1e9:.0f} "
+                         "GFLOP/s: unreliable, no MFU reported")
+            if not t.peak_flops and ddp.main:  # later runs on this machine divide by at least what this one reached
+                env.raise_matmul_peak(self.device, self.amp_dtype or torch.float32, shards.cache_root(self.recipe.data),
+                                      achieved)
+        summary = self.summary
+        summary.update({
+            "status": "done", "step": step, **self.clock.summary(),
+            "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+            "final": final, **({"peak_note": peak_note} if peak_note else {}),
+            "throughput": {
+                "step_time_s_median": median,
+                "tokens_per_s_median": self.tokens_per_step / median if median else None,
+                "flops_per_s_median": achieved,
+                "mfu_median": mfu(achieved, self.peak) if achieved else None,
+                **memory,
+                "peak_memory_kind": self.peak_memory_kind,
+            },
+        })
+        if ddp.main:
+            write_json(self.out / ckpt.RUN_JSON, summary)
+        return summary
 
 
 def mfu(flops_per_s: float, peak: float | None) -> float | None:
@@ -433,7 +498,7 @@ def mfu(flops_per_s: float, peak: float | None) -> float | None:
 
 def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: DistInfo) -> None:
     if ddp.main:
-        ckpt.write_json(out / ckpt.RUN_JSON, {**summary, "status": status, "step": step})
+        write_json(out / ckpt.RUN_JSON, {**summary, "status": status, "step": step})
 
 
 def _accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,

@@ -11,8 +11,10 @@ import sysconfig
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from mtp_cli.config import DataConfig, ModelConfig, MTPConfig, Recipe, TrainConfig
+from mtp_cli.decode.speculative import Drafter
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -226,3 +228,31 @@ repeats = 2
 
 
 {variants}"""
+
+
+class OracleDrafter(Drafter):
+    """Drafts `reference[i][g+1 : g+1+k]` for prompt i whose pending token is generated token g:
+    with the trunk's own greedy output every draft is right; `wrong=True` shifts every draft id by
+    one so none is. Sampling treats the drafts as certain (q one-hot)."""
+
+    def __init__(self, reference: list[list[int]], prompt_lengths: list[int], k: int,
+                 vocab_size: int, wrong: bool = False, device: torch.device | str = "cpu"):
+        self.k, self.vocab_size, self.wrong = k, vocab_size, wrong
+        width = max(len(r) for r in reference) + k + 1
+        self.ref = torch.zeros(len(reference), width, dtype=torch.long, device=device)
+        for i, r in enumerate(reference):
+            self.ref[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+        self.prompt_lengths = torch.as_tensor(list(prompt_lengths), device=device)
+        self.ids = torch.arange(len(reference), device=device)
+
+    def propose(self, seq, lengths, temperature, top_p, generator):
+        first = lengths - self.prompt_lengths[self.ids] + 1
+        idx = (first[:, None] + torch.arange(self.k, device=lengths.device)).clamp_(max=self.ref.shape[1] - 1)
+        drafts = self.ref[self.ids[:, None], idx]
+        if self.wrong:
+            drafts = (drafts + 1) % self.vocab_size
+        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float() if temperature > 0 else None
+        return drafts, q
+
+    def select(self, rows: Tensor) -> None:
+        self.ids = self.ids[rows]

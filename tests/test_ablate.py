@@ -345,3 +345,44 @@ def test_a_variant_can_switch_off_its_specbench(tmp_path):
     recipe.write_text(ablation_toml("floor", variants=variants))
     pending = {c.variant.name: c.pending for c in grid_plan.plan(recipe, results_root=tmp_path / "res").cells}
     assert pending == {"ntp": ["train", "export", "eval", "specbench"], "ntp-init": ["train", "export", "eval"]}
+
+
+def test_a_recipe_that_extends_another_takes_its_tables_and_follows_its_changes(tmp_path):
+    """`extends = "base"`: the base's tables with this file's keys over them; the fingerprint hashes the
+    result, so editing the base is a new version of the extending recipe; a loop is refused."""
+    from mtp_cli.config import load_recipe
+    from mtp_cli.errors import UserError
+
+    base = tmp_path / "base.toml"
+    base.write_text(ablation_toml("base", seeds=(0,)))
+    child = tmp_path / "child.toml"
+    child.write_text(f'extends = "{base}"\nseeds = [0, 1, 2]\n[train]\nsteps = 9\n')
+    recipe = load_recipe(child)
+    assert (recipe.name, recipe.seeds, recipe.train.steps) == ("child", [0, 1, 2], 9)
+    assert recipe.train.batch_size == load_recipe(base).train.batch_size and [v.name for v in recipe.variants] == [
+        "ntp", "seq-d1"]
+    before = cells.fingerprint(child)
+    base.write_text(base.read_text().replace("batch_size = 4", "batch_size = 2"))
+    assert cells.fingerprint(child) != before and load_recipe(child).train.batch_size == 2
+    base.write_text(f'extends = "{child}"\n')
+    with pytest.raises(UserError, match="extends .* back"):
+        load_recipe(child)
+
+
+def test_a_change_to_the_source_recipe_is_a_new_version_and_force_discards_the_source_run(tmp_path):
+    """A recipe whose [source] trains a run of another recipe: editing that recipe changes this one's
+    fingerprint (the committed source run and everything built on it are stale), and --force's discard
+    removes the source run and the baseline with the runs."""
+    base = tmp_path / "base.toml"
+    base.write_text(ablation_toml("base", seeds=(0,)))
+    posthoc = tmp_path / "posthoc.toml"
+    posthoc.write_text(f'[source]\nrecipe = "{base}"\nvariant = "ntp"\n')
+    before = cells.fingerprint(posthoc)
+    base.write_text(base.read_text().replace("steps = 6", "steps = 7"))
+    assert cells.fingerprint(posthoc) != before
+    folder = tmp_path / "res" / "posthoc"
+    for name in ("runs/a", "source/ntp-s0", "baseline", "plots"):
+        (folder / name).mkdir(parents=True)
+    (folder / "mine.txt").write_text("kept")
+    lock.discard(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["mine.txt"]

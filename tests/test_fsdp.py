@@ -123,7 +123,7 @@ if sys.argv[2] == "writing":  # the shards written, the checkpoint's metadata no
     from torch.distributed.checkpoint import FileSystemWriter
     FileSystemWriter.finish = kill
 else:  # everything written but latest.json
-    sc.os.replace = kill
+    os.replace = kill  # the rename that commits latest.json (mtp_cli.files.replacing)
 sc.save(sys.argv[1], model, opt, 4, {{"recipe": recipe.to_dict()}})
 """
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mtp_cli.checkpoint import load_run
+from mtp_cli.data import gsm8k_format
 from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k
 from mtp_cli.evals.lm import MTPLM
@@ -61,6 +62,11 @@ def test_local_task_is_the_stock_task_on_local_files(tmp_path):
     task = TaskManager(include_path=str(tmp_path), include_defaults=False).load(["gsm8k_local"])["tasks"]["gsm8k_local"]
     doc = next(iter(task.test_docs()))
     assert task.doc_to_text(doc) == f"Question: {doc['question']}\nAnswer:"
+    # specbench's GSM8K prompts, GSM8K training documents and self-distillation prompts read the same YAML
+    assert all(gsm8k_format.prompt(d["question"]) == task.doc_to_text(d) for d in list(task.test_docs())[:20])
+    shot = next(iter(task.training_docs()))
+    assert gsm8k_format.document(shot["question"], shot["answer"]) == (
+        task.doc_to_text(shot) + task.config.target_delimiter + task.doc_to_target(shot))
     rows = lambda name: sum(1 for line in (GSM8K_DATA / name).read_text().splitlines() if line.strip())  # noqa: E731
     assert len(task.test_docs()) == rows("test.jsonl") and len(task.training_docs()) == rows("train.jsonl")
 

@@ -269,7 +269,7 @@ def test_a_partial_report_counts_the_seeds_evaluated(tmp_path):
 
 
 def test_the_ablation_log_sums_a_resumed_trainings_segments(tmp_path):
-    from mtp_cli.checkpoint import write_json
+    from mtp_cli.files import write_json
     from mtp_cli.grid import lock
     from mtp_cli.grid import plan as grid_plan
 

@@ -6,6 +6,7 @@ repository, and plans the quick recipe from there."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -22,10 +23,16 @@ def test_the_package_list_names_every_package_folder():
 
 
 def test_a_wheel_install_plans_the_quick_recipe_outside_the_repository(tmp_path):
-    wheels, target, cwd = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    wheels, target, cwd, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere", tmp_path / "src"
     cwd.mkdir()
+    # built from a copy: setuptools leaves build/ and *.egg-info beside the sources it builds
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "mtp_cli", "recipes", "data"):
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
+        copy(REPO / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree
+                                          else {}))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(wheels), str(REPO)], capture_output=True, text=True, timeout=600)
+                            "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     (wheel,) = wheels.glob("mtp-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

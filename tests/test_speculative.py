@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import OracleDrafter
 
 from mtp_cli import corpus
 from mtp_cli.checkpoint import load_run
 from mtp_cli.decode.engine import engine_for
 from mtp_cli.decode.generate import generate, prefill, probs_from_logits
-from mtp_cli.decode.speculative import FusedGreedyStep, OracleDrafter, SpecStats, accept, make_drafter, speculative_generate
+from mtp_cli.decode.speculative import FusedGreedyStep, SpecStats, accept, make_drafter, speculative_generate
 from mtp_cli.errors import UserError
 from mtp_cli.model.trunk import apply_rope
 

@@ -35,7 +35,7 @@ import torch
 
 from mtp_cli import env, outputs, ui
 from mtp_cli.bench.forward_cost import forward_costs
-from mtp_cli.checkpoint import load_run, write_json
+from mtp_cli.checkpoint import load_run
 from mtp_cli.conditions import Condition, plan_conditions
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
@@ -46,6 +46,7 @@ from mtp_cli.decode.generate import generate
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, make_drafter, speculative_generate
 from mtp_cli.decode.timing import PhaseTimer
 from mtp_cli.errors import UserError
+from mtp_cli.files import write_json
 
 JSON_NAME = "specbench.json"
 PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses

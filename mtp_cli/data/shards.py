@@ -28,6 +28,7 @@ from mtp_cli.config import DataConfig
 from mtp_cli.data import sources
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
+from mtp_cli.files import atomic_write_text, replacing
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -55,16 +56,15 @@ def _is_val(doc: str, val_fraction: float) -> bool:
 
 def _write_tokens(path: Path, ids: list[list[int]], eos: int, dtype: np.dtype) -> None:
     total = sum(len(x) + 1 for x in ids)
-    tmp = path.with_suffix(".tmp")
-    arr = np.memmap(tmp, dtype=dtype, mode="w+", shape=(max(total, 1),))
-    pos = 0
-    for doc in ids:
-        arr[pos:pos + len(doc)] = doc
-        arr[pos + len(doc)] = eos
-        pos += len(doc) + 1
-    arr.flush()
-    del arr
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        arr = np.memmap(tmp, dtype=dtype, mode="w+", shape=(max(total, 1),))
+        pos = 0
+        for doc in ids:
+            arr[pos:pos + len(doc)] = doc
+            arr[pos + len(doc)] = eos
+            pos += len(doc) + 1
+        arr.flush()
+        del arr
 
 
 def get_tokenizer(cfg: DataConfig, vocab_size: int, docs: list[str], corpus_key: str) -> PreTrainedTokenizerFast:
@@ -108,9 +108,7 @@ def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> 
         meta = {"n_docs": len(docs), "n_train_docs": len(train_docs), "n_val_docs": len(val_docs),
                 "n_bytes_val": sum(len(d.encode("utf-8", errors="replace")) for d in val_docs),
                 "dtype": np.dtype(dtype).name}
-        tmp = meta_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, meta_path)
+        atomic_write_text(meta_path, json.dumps(meta))
     meta = json.loads(meta_path.read_text())
     load = lambda name: np.memmap(shard_dir / f"{name}.bin", dtype=meta["dtype"], mode="r")  # noqa: E731
     return TokenData(tok, load("train"), load("val"), key, meta["n_docs"], meta["n_bytes_val"])

@@ -2,7 +2,7 @@
 
 - stdlib: the Python standard library's own .py sources (tests, site-packages, idlelib left out);
 - files:  local files or folders (.py, .txt, .md, .jsonl with a text field);
-- gsm8k:  GSM8K-style JSONL (question + answer) as "Question: ...\\nAnswer: ..." documents;
+- gsm8k:  GSM8K-style JSONL (question + answer) as documents in lm-eval's format (`gsm8k_format`);
 - hf:     a Hugging Face `datasets` dataset by name (needs the network or a local cache).
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mtp_cli.config import DataConfig
+from mtp_cli.data import gsm8k_format
 from mtp_cli.errors import UserError
 
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst"}
@@ -57,8 +58,15 @@ def _jsonl(path: Path) -> Iterator[dict]:
                     raise UserError(f"{path}:{lineno} is not valid JSON") from None
 
 
-def gsm8k_document(row: dict) -> str:
-    return f"Question: {row['question']}\nAnswer: {row['answer']}"
+def gsm8k_train_rows(paths: list[str]) -> Iterator[dict]:
+    """The question/answer rows of the GSM8K JSONL files under `paths`, never the test split's."""
+    for path in _expand(paths):
+        if path.suffix != ".jsonl" or path.name.startswith("test"):
+            continue
+        for row in _jsonl(path):
+            if "question" not in row or "answer" not in row:
+                raise UserError(f"{path}: GSM8K rows need 'question' and 'answer'")
+            yield row
 
 
 def documents(cfg: DataConfig) -> Iterator[str]:
@@ -75,13 +83,8 @@ def documents(cfg: DataConfig) -> Iterator[str]:
             else:
                 yield path.read_text(encoding="utf-8", errors="replace")
     elif cfg.source == "gsm8k":
-        for path in _expand(cfg.paths):
-            if path.suffix != ".jsonl" or path.name.startswith("test"):
-                continue  # never train on the GSM8K test split
-            for row in _jsonl(path):
-                if "question" not in row or "answer" not in row:
-                    raise UserError(f"{path}: GSM8K rows need 'question' and 'answer'")
-                yield gsm8k_document(row)
+        for row in gsm8k_train_rows(cfg.paths):
+            yield gsm8k_format.document(row["question"], row["answer"])
     else:
         try:
             import datasets

@@ -27,8 +27,6 @@ Drafters:
 All forwards run on the decode engine (`engine.py`): the trunk's verification at fixed width k+1
 (compiled with `compile=True`), the modules eager; one row, greedy, both in one call (`FusedGreedyStep`,
 compiled whole).
-- `OracleDrafter`: drafts from known continuations (the trunk's own greedy output: acceptance 1), or
-  drafts that are always wrong; both for tests.
 
 Counters follow vLLM: acceptance rate = accepted / drafted, mean acceptance length (MAL)
 = 1 + accepted / steps (a step is one row's draft-and-verify), per-position acceptance counts
@@ -317,34 +315,6 @@ class FusedGreedyStep(torch.nn.Module):
             pick = engine.head(out.index_select(1, n)[:, 0], unembed).argmax(-1)  # (1,): the column at n
             picks.append(pick if self.vocab is None else self.vocab[pick])
         return torch.cat([n[:, None], nxt[:, None], *(p[:, None] for p in picks)], 1)
-
-
-class OracleDrafter(Drafter):
-    """Drafts `reference[i][g+1 : g+1+k]` for prompt i whose pending token is generated token g:
-    with the trunk's own greedy output every draft is right; `wrong=True` shifts every draft id by
-    one so none is. Sampling treats the drafts as certain (q one-hot)."""
-
-    def __init__(self, reference: Sequence[Sequence[int]], prompt_lengths: Sequence[int], k: int,
-                 vocab_size: int, wrong: bool = False, device: torch.device | str = "cpu"):
-        self.k, self.vocab_size, self.wrong = k, vocab_size, wrong
-        width = max(len(r) for r in reference) + k + 1
-        self.ref = torch.zeros(len(reference), width, dtype=torch.long, device=device)
-        for i, r in enumerate(reference):
-            self.ref[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-        self.prompt_lengths = torch.as_tensor(list(prompt_lengths), device=device)
-        self.ids = torch.arange(len(reference), device=device)
-
-    def propose(self, seq, lengths, temperature, top_p, generator):
-        first = lengths - self.prompt_lengths[self.ids] + 1
-        idx = (first[:, None] + torch.arange(self.k, device=lengths.device)).clamp_(max=self.ref.shape[1] - 1)
-        drafts = self.ref[self.ids[:, None], idx]
-        if self.wrong:
-            drafts = (drafts + 1) % self.vocab_size
-        q = torch.nn.functional.one_hot(drafts, self.vocab_size).float() if temperature > 0 else None
-        return drafts, q
-
-    def select(self, rows: Tensor) -> None:
-        self.ids = self.ids[rows]
 
 
 def draft_len_for(model, draft_len: int | None = None) -> int:

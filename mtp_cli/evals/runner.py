@@ -25,10 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mtp_cli import env, outputs, ui
-from mtp_cli.checkpoint import load_run, write_json
+from mtp_cli.checkpoint import load_run
 from mtp_cli.config import EVAL_TASKS
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
+from mtp_cli.files import write_json
 
 SCHEMA = 1
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtp_cli import paths
-from mtp_cli.config import Recipe, Variant
+from mtp_cli.config import Recipe, Variant, recipe_data, resolve_recipe_path
 
 
 @dataclass
@@ -48,16 +47,27 @@ def fingerprint(source: Path) -> str:
     """The recipe version: a hash of the TOML as written (parsed, so comments and layout do not count,
     and without `description`). Defaults are not in it, so a new option in the code does not orphan
     stored results; what changed in the code is in each run's git commit. Nor is `eval.gsm8k_data`:
-    where the data lives is not what the recipe is."""
-    data = tomllib.loads(source.read_text())
-    data.setdefault("name", source.stem)
+    where the data lives is not what the recipe is. A recipe that `extends` another hashes the tables it
+    ends up with, and one whose [source] trains a run of another recipe hashes that recipe too: a change
+    to the other is a new version of this one (its source run, baseline and runs are then stale)."""
+    data = recipe_data(source)
+    source_recipe = (data.get("source") or {}).get("recipe")
+    if source_recipe:
+        data["source_recipe"] = _versioned(recipe_data(resolve_recipe_path(source_recipe)))
+    return hashlib.sha256(json.dumps(_versioned(data), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _versioned(data: dict) -> dict:
+    """A recipe's tables without what changes no result."""
+    data = {**data, **({"eval": dict(data["eval"])} if isinstance(data.get("eval"), dict) else {}),
+            **({"train": dict(data["train"])} if isinstance(data.get("train"), dict) else {})}
     data.pop("description", None)
     if isinstance(data.get("eval"), dict):
         data["eval"].pop("gsm8k_data", None)
     data.pop("launcher", None)  # where the stages run, and what watches them, change no result
     if isinstance(data.get("train"), dict):
         data["train"].pop("track", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return data
 
 
 def gsm8k_data(recipe: Recipe) -> Path | None:

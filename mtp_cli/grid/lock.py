@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mtp_cli import env, results
-from mtp_cli.checkpoint import write_json
 from mtp_cli.dist import dist_info
 from mtp_cli.errors import UserError
+from mtp_cli.files import write_json
 from mtp_cli.grid.cells import Ablation, Cell
 
 
@@ -35,8 +35,9 @@ def check_lock(ab: Ablation, force: bool) -> bool:
 
 
 def discard(results_dir: Path) -> None:
-    """--force: remove a stale results folder's runs and derived files (nothing else in it)."""
-    for name in (results.RUNS, results.PLOTS):
+    """--force: remove a stale results folder's runs, [source] run, baseline and derived files (nothing
+    else in it)."""
+    for name in (results.RUNS, results.PLOTS, results.SOURCE, results.BASELINE):
         shutil.rmtree(results_dir / name, ignore_errors=True)
     for name in (results.LOCK, results.SUMMARY, results.REPORT):
         (results_dir / name).unlink(missing_ok=True)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtp_cli import results, ui
-from mtp_cli.checkpoint import write_json
 from mtp_cli.config import LauncherConfig, time_minutes
 from mtp_cli.errors import UserError
+from mtp_cli.files import write_json
 from mtp_cli.launch.records import ACTIVE, GROUPS, job_state, read_jobs, record_job, refresh_states, require_submitit
 from mtp_cli.launch.status import grid_status
 

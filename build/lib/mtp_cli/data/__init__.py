@@ -1,1 +1,0 @@
-"""Data: corpus sources → tokenizer → cached token shards → batches."""

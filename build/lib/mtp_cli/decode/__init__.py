@@ -1,1 +1,0 @@
-"""Decoding: plain KV-cache generation, MTP self-speculative decoding, and the specbench benchmark."""
