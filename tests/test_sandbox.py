@@ -348,7 +348,10 @@ def test_signals_to_the_trusted_processes_do_not_end_the_check(problem, fence, m
         assert check(problem, plant, each)["passed"], each
     if not fence.namespaces:
         pytest.skip("no namespaces here: the control needs the init")
-    weakened(monkeypatch, "IGNORED = ignore_signals()", "IGNORED = []")
+    # Python installs its KeyboardInterrupt handler only where SIGINT was not inherited ignored (a test run
+    # started in the background inherits SIG_IGN), so the control sets Python's handler itself
+    weakened(monkeypatch, "IGNORED = ignore_signals()",
+             "IGNORED = []\nsignal.signal(signal.SIGINT, signal.default_int_handler)")
     once = body("import posix, signal, time", "posix.kill(1, signal.SIGINT)", "time.sleep(5)")
     result = check(problem, once, fence)
     assert not result["passed"] and "KeyboardInterrupt" in result["result"]
