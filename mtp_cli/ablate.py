@@ -36,7 +36,8 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
     plan.preflight(ab)
     if dry_run:
         return ab
-    world, rank = dist_info().world, dist_info().rank
+    info = dist_info()
+    world, rank = info.world, info.rank
     if stale:
         if world > 1:  # every rank must see the same folder: discard it in one process first
             raise UserError(f"--force under torchrun: discard {ab.results_dir} first (remove it, or run "

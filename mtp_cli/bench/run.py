@@ -36,9 +36,9 @@ import torch
 from mtp_cli import env, outputs, ui
 from mtp_cli.bench.forward_cost import forward_costs
 from mtp_cli.checkpoint import load_run
-from mtp_cli.conditions import Condition, plan_conditions
+from mtp_cli.conditions import HELDOUT, Condition, plan_conditions
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.data.prompts import HELDOUT, HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
+from mtp_cli.data.prompts import HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.engine import default_compile, engine_for

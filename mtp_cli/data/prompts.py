@@ -21,8 +21,6 @@ from mtp_cli.data import gsm8k_format, shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 
-__all__ = ["HELDOUT", "PROMPT_SETS", "load_prompts", "heldout_prompts", "cut_windows"]
-
 GSM8K_ENV = paths.GSM8K_ENV
 HELDOUT_PROMPT_TOKENS = 128  # about a HumanEval prompt's length in the quick recipe's tokenizer
 

@@ -9,10 +9,10 @@ import shlex
 from pathlib import Path
 
 from mtp_cli import paths, results, tracking
-from mtp_cli.conditions import plan_conditions
+from mtp_cli.conditions import HELDOUT, plan_conditions
 from mtp_cli.config import load_recipe, resolve_recipe_path
 from mtp_cli.cost import Estimator
-from mtp_cli.data.prompts import HELDOUT, load_prompts
+from mtp_cli.data.prompts import load_prompts
 from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k
 from mtp_cli.grid import source as source_stage
