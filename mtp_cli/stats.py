@@ -13,6 +13,8 @@
   With its seeds held fixed (`resample_seeds=False`) it is the within-seed interval over items:
   evaluation-set noise only.
 - A value over seeds without per-item data: the Student-t interval of the seed values.
+- Specbench's timings over repeats: a percentile bootstrap of the median; its acceptance rate over
+  prompts: a percentile bootstrap of the ratio of sums (accepted / drafted).
 
 Every bootstrap draws from a fixed seed: the same inputs give the same interval.
 """
@@ -76,6 +78,34 @@ def t_interval(values: Sequence[float]) -> tuple[float, float | None, float | No
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+# ---- timings and acceptance (specbench) ----------------------------------------------------------------
+def median_ci(values: Sequence[float], seed: int = 0, n_boot: int = 2000) -> tuple[float, list[float]]:
+    """Median and its 95% percentile-bootstrap interval."""
+    v = np.asarray([x for x in values if x == x], dtype=float)  # NaN-free
+    if len(v) == 0:
+        return float("nan"), [float("nan"), float("nan")]
+    med = float(np.median(v))
+    if len(v) == 1:
+        return med, [med, med]
+    boots = np.median(np.random.default_rng(seed).choice(v, size=(n_boot, len(v))), axis=1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return med, [float(lo), float(hi)]
+
+
+def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], seed: int = 0,
+             n_boot: int = 2000) -> list[float | None]:
+    """95% percentile-bootstrap interval of sum(numerators) / sum(denominators), units resampled with
+    replacement ([None, None] when nothing was drafted)."""
+    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
+    if not len(den) or den.sum() == 0:
+        return [None, None]
+    pick = np.random.default_rng(seed).integers(0, len(den), size=(n_boot, len(den)))
+    d = den[pick].sum(1)
+    ratios = num[pick].sum(1)[d > 0] / d[d > 0]
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return [float(lo), float(hi)]
 
 
 # ---- per-item bootstraps ------------------------------------------------------------------------------

@@ -13,12 +13,13 @@ import pytest
 import torch
 from helpers import REPO, cli_in_process
 
-from mtp_cli.bench.run import median_ci, ratio_ci, render_table, run_specbench
+from mtp_cli.bench.run import render_table, run_specbench
 from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER, load_run
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_prompts
 from mtp_cli.errors import UserError
+from mtp_cli.stats import median_ci, ratio_ci
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci", "speedup", "speedup_ci", "latency_s", "ttft_s", "tpot_s",

@@ -47,6 +47,7 @@ from mtp_cli.decode.speculative import SpecStats, draft_len_for, make_drafter, s
 from mtp_cli.decode.timing import PhaseTimer
 from mtp_cli.errors import UserError
 from mtp_cli.files import write_json
+from mtp_cli.stats import median_ci, ratio_ci
 
 JSON_NAME = "specbench.json"
 PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
@@ -339,19 +340,6 @@ def _measure(runners: dict, ids: list[list[int]], bs: int, repeats: int, device:
     return tallies
 
 
-def median_ci(values: Sequence[float], seed: int = 0, n_boot: int = 2000) -> tuple[float, list[float]]:
-    """Median and its 95% percentile-bootstrap interval."""
-    v = np.asarray([x for x in values if x == x], dtype=float)  # NaN-free
-    if len(v) == 0:
-        return float("nan"), [float("nan"), float("nan")]
-    med = float(np.median(v))
-    if len(v) == 1:
-        return med, [med, med]
-    boots = np.median(np.random.default_rng(seed).choice(v, size=(n_boot, len(v))), axis=1)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return med, [float(lo), float(hi)]
-
-
 def _put(entry: dict, key: str, values: Sequence[float]) -> None:
     entry[key], entry[key + "_ci"] = median_ci(values)
 
@@ -393,20 +381,6 @@ def _acceptance_by_unit(per_batch: list[SpecStats], bs: int) -> dict:
     units = [{"accepted": s.accepted, "drafted": s.drafted, "steps": s.steps} for s in per_batch]
     ci = ratio_ci([u["accepted"] for u in units], [u["drafted"] for u in units])
     return {"acceptance_rate_ci": ci, ("per_prompt" if bs == 1 else "per_batch"): units}
-
-
-def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], seed: int = 0,
-             n_boot: int = 2000) -> list[float | None]:
-    """95% percentile-bootstrap interval of sum(numerators) / sum(denominators), units resampled with
-    replacement ([None, None] when nothing was drafted)."""
-    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)
-    if not len(den) or den.sum() == 0:
-        return [None, None]
-    pick = np.random.default_rng(seed).integers(0, len(den), size=(n_boot, len(den)))
-    d = den[pick].sum(1)
-    ratios = num[pick].sum(1)[d > 0] / d[d > 0]
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return [float(lo), float(hi)]
 
 
 def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
