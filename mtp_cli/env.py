@@ -25,6 +25,13 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def use_runtime(rt) -> torch.device:
+    """Apply a `config.Runtime` to this process: torch's CPU threads when it names a count; returns its device."""
+    if rt.threads is not None:
+        torch.set_num_threads(rt.threads)
+    return pick_device(rt.device)
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bf16 autocast on CUDA; fp32 on CPU (bf16 matmul is ~100x slower on this kind of CPU)."""
     return torch.bfloat16 if device.type == "cuda" else None

@@ -13,8 +13,10 @@ import pytest
 import torch
 from helpers import REPO, cli_in_process
 
-from mtp_cli.bench.run import render_table, run_specbench
+from mtp_cli.bench.render import render_table
+from mtp_cli.bench.run import run_specbench
 from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER, load_run
+from mtp_cli.config import SpecbenchConfig
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_prompts
@@ -39,8 +41,9 @@ def only(report: dict) -> dict:
 
 
 def test_sequential_report(tiny_runs, tmp_path):
-    report = run_specbench(tiny_runs["sequential"], limit=3, max_new_tokens=12, batch_sizes=(1, 2), repeats=2,
-                           draft_len=3, draft_run=tiny_runs["ntp"], json_path=tmp_path / "s.json", show_progress=False)
+    cfg = SpecbenchConfig(limit=3, max_new_tokens=12, batch_sizes=[1, 2], repeats=2, draft_len=3)
+    report = run_specbench(tiny_runs["sequential"], cfg, draft_run=tiny_runs["ntp"], json_path=tmp_path / "s.json",
+                           show_progress=False)
     assert json.loads((tmp_path / "s.json").read_text()) == json.loads(json.dumps(report))
     assert report["draft_len"] == 3 and report["no_mtp_reason"] is None
     assert report["schema"] == 2 and report["primary"] == "humaneval-greedy"
@@ -72,7 +75,7 @@ def test_sequential_report(tiny_runs, tmp_path):
     assert re.fullmatch(r"[0-9a-f]{40}", report["git_commit"])  # the report credits the code that measured it
     from rich.console import Console
 
-    from mtp_cli.bench.run import render_table
+    from mtp_cli.bench.render import render_table
     console = Console(width=250, record=True)
     console.print(render_table(report))
     text = " ".join(console.export_text().split())
@@ -80,8 +83,8 @@ def test_sequential_report(tiny_runs, tmp_path):
 
 
 def test_parallel_report(tiny_runs, tmp_path):
-    report = run_specbench(tiny_runs["parallel"], limit=2, max_new_tokens=10, repeats=1, json_path=tmp_path / "p.json",
-                           show_progress=False)
+    report = run_specbench(tiny_runs["parallel"], SpecbenchConfig(limit=2, max_new_tokens=10, repeats=1),
+                           json_path=tmp_path / "p.json", show_progress=False)
     m = only(report)["results"]["1"]["mtp"]
     assert report["draft_len"] == 2 and m["lossless"] and len(m["per_position_acceptance"]) == 2
     # one row, greedy: verification and drafting ran as one call, timed in the loop and alone
@@ -92,7 +95,7 @@ def test_parallel_report(tiny_runs, tmp_path):
 def test_ntp_report_measures_baseline_and_peers_only(tiny_runs, tmp_path):
     run = tmp_path / "ntp"
     shutil.copytree(tiny_runs["ntp"], run)
-    report = run_specbench(run, limit=2, max_new_tokens=8, repeats=1, show_progress=False)
+    report = run_specbench(run, SpecbenchConfig(limit=2, max_new_tokens=8, repeats=1), show_progress=False)
     assert (run / "specbench.json").is_file()  # the default place
     assert set(only(report)["results"]["1"]) == {"greedy", "hf_generate", "hf_prompt_lookup"}
     assert "no MTP modules" in report["no_mtp_reason"] and report["draft_len"] is None
@@ -127,14 +130,14 @@ def _bad(tiny_runs, tmp_path):
         "negative temperature": (["--temperatures", "0,-1"], "temperatures must be finite numbers >= 0"),
         "temperature not a number": (["--temperatures", "hot"], "--temperatures expects"),
         "primary not measured": (["--primary", "heldout-greedy"], "primary condition 'heldout-greedy' is not measured"),
-        "batch size 0": (["--batch-sizes", "1,0"], "batch sizes must be"),
+        "batch size 0": (["--batch-sizes", "1,0"], "(--batch-sizes) must be"),
         "batch sizes not numbers": (["--batch-sizes", "one"], "--batch-sizes expects"),
         "draft with another tokenizer": (["--draft", other], "another tokenizer"),
         "gsm8k without data": (["--prompts", "gsm8k", "--gsm8k-data", tmp_path / "no-gsm8k"], "no GSM8K test split"),
         "gsm8k prompts from the hub": (["--prompts", "gsm8k", "--gsm8k-data", "hub"], "not the hub"),
         "jsonl without prompt": (["--prompts", bad_jsonl], "no string field 'prompt'"),
-        "repeats 0": (["--repeats", "0"], "--repeats must be >= 1"),
-        "unknown peers scope": (["--peers", "some"], "--peers must be one of"),
+        "repeats 0": (["--repeats", "0"], "(--repeats) must be >= 1"),
+        "unknown peers scope": (["--peers", "some"], "(--peers) must be one of"),
         "draft len too long for heads": (["--draft-len", "5"], None),
         "no room for the prompt": (["--max-new-tokens", "64"], "leaves no room for a prompt"),
         "missing run": (None, "run folder not found"),
@@ -235,9 +238,10 @@ def test_cut_windows_spreads_over_documents():
 
 
 def test_conditions_report(tiny_runs, tmp_path):
-    report = run_specbench(tiny_runs["sequential"], prompts="heldout", temperatures=(0, 0.8), limit=4,
-                           max_new_tokens=12, batch_sizes=(1, 2), repeats=1, draft_run=tiny_runs["ntp"],
-                           json_path=tmp_path / "c.json", show_progress=False)
+    cfg = SpecbenchConfig(prompts="heldout", temperatures=[0, 0.8], limit=4, max_new_tokens=12, batch_sizes=[1, 2],
+                          repeats=1)
+    report = run_specbench(tiny_runs["sequential"], cfg, draft_run=tiny_runs["ntp"], json_path=tmp_path / "c.json",
+                           show_progress=False)
     assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(report))
     assert report["schema"] == 2 and report["primary"] == "heldout-greedy" and "results" not in report
     vocab = report["draft_vocab"]  # the default: a quarter of the vocabulary, the most frequent training tokens
@@ -304,8 +308,9 @@ def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
 
     run = tmp_path / "seq"
     shutil.copytree(tiny_runs["sequential"], run)
-    report = run_specbench(run, prompts="humaneval,heldout", limit=2, max_new_tokens=8, repeats=1,
-                           primary="heldout-greedy", peers="primary", show_progress=False)
+    cfg = SpecbenchConfig(prompts="humaneval,heldout", limit=2, max_new_tokens=8, repeats=1, primary="heldout-greedy",
+                          peers="primary")
+    report = run_specbench(run, cfg, show_progress=False)
     folder = results.RunFolder(run)
     primary = results.spec_condition(folder.spec)
     assert primary["name"] == "heldout-greedy" and report["conditions"][1] == primary
