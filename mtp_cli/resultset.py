@@ -1,4 +1,4 @@
-"""The results model: one ablation's stored results loaded once, for the tables (report.py) and the
+"""The results model: one ablation's stored results loaded once, for the tables (the report package) and the
 plots (plots.py) alike. Runs per variant and seed, their summary rows, per-item series (HumanEval
 problems, GSM8K questions, held-out windows) and specbench conditions. Anything a run did not
 store reads as None, so older results render with "not measured" instead of failing.

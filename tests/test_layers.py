@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("evals", ["mtp_cli.evals"]),
     ("run", ["mtp_cli.train", "mtp_cli.tracking", "mtp_cli.bench"]),
     ("results", ["mtp_cli.results", "mtp_cli.resultset", "mtp_cli.cost", "mtp_cli.seed_stats", "mtp_cli.compare",
-                 "mtp_cli.comparisons", "mtp_cli.report_format", "mtp_cli.report_deltas", "mtp_cli.plots",
+                 "mtp_cli.comparisons", "mtp_cli.plots",
                  "mtp_cli.report"]),
     ("grid", ["mtp_cli.grid"]),
     ("launch", ["mtp_cli.launch"]),
