@@ -137,8 +137,9 @@ def export(
 ) -> None:
     """Write the trunk alone (MTP modules discarded) as a Hugging Face LlamaForCausalLM checkpoint."""
     from mtp_cli.model.hf import export_run
+    from mtp_cli.run_files import EXPORT
 
-    path = export_run(run, out or run / "export", force=force)
+    path = export_run(run, out or run / EXPORT, force=force)
     ui.out.print(f"exported {run} -> {path} (load with transformers.AutoModelForCausalLM.from_pretrained)", markup=False)
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.files import replacing
+from mtp_cli.run_files import ABLATE_JSON, EVAL_JSON, EXPORT, EXPORT_INFO, METRICS, RUN_JSON, SPEC_JSON
 
 STAGES = ("train", "export", "eval", "specbench")
 LOCK = "recipe.lock.json"
@@ -34,11 +35,6 @@ SUMMARY = "summary.csv"
 REPORT = "REPORT.md"
 PLOTS = "plots"
 RUNS = "runs"
-EXPORT = "export"
-EVAL_JSON = "eval.json"
-SPEC_JSON = "specbench.json"
-ABLATE_JSON = "ablate.json"
-EXPORT_INFO = "mtp_export.json"
 GSM8K_STRICT = "exact_match,strict-match"
 GSM8K_FLEX = "exact_match,flexible-extract"
 MTP_METHOD = "mtp"
@@ -47,8 +43,6 @@ GREEDY_METHOD = "greedy"
 
 SOURCE = "source"  # results/<recipe>/source/<run>: the run a recipe's [source] table trains first
 BASELINE = "baseline"  # results/<recipe>/baseline/eval.json: `mtp eval --hf` of the runs' init_from
-ABLATE_LOG = "ablate.log"  # a run's stage failures, with their tracebacks
-METRICS = "metrics.jsonl"
 
 
 def _lambda_final(run: dict) -> float | None:
@@ -111,7 +105,7 @@ class RunFolder:
 
     @cached_property
     def run(self) -> dict:
-        return _read(self.path / "run.json") or {}
+        return _read(self.path / RUN_JSON) or {}
 
     @cached_property
     def eval(self) -> dict:
@@ -128,7 +122,7 @@ class RunFolder:
     @cached_property
     def metrics(self) -> list[dict]:
         try:
-            lines = (self.path / "metrics.jsonl").read_text().splitlines()
+            lines = (self.path / METRICS).read_text().splitlines()
         except OSError:
             return []
         return [json.loads(line) for line in lines if line.strip()]
@@ -264,7 +258,7 @@ PROMPTS_LO = "95% interval over this run's prompts (evaluation-set noise only), 
 PROMPTS_HI = "the same interval, upper end"
 
 
-def _spec(bs: int, method: str, key: str) -> Callable[[RunFolder], Any]:
+def spec_value(bs: int, method: str, key: str) -> Callable[[RunFolder], Any]:
     return lambda r: _get(r.spec_batch(bs), method, key)
 
 
@@ -359,9 +353,9 @@ COLUMNS: list[Column] = [
     Column(
         "spec_lossless",
         "MTP speculative output identical to plain greedy on every prompt (bs=1)",
-        _spec(1, MTP_METHOD, "lossless"),
+        spec_value(1, MTP_METHOD, "lossless"),
     ),
-    Column("spec_acceptance_rate", "accepted / drafted tokens (bs=1)", _spec(1, MTP_METHOD, "acceptance_rate")),
+    Column("spec_acceptance_rate", "accepted / drafted tokens (bs=1)", spec_value(1, MTP_METHOD, "acceptance_rate")),
     Column("spec_acceptance_rate_lo", PROMPTS_LO, lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 0)),
     Column("spec_acceptance_rate_hi", PROMPTS_HI, lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 1)),
     Column(
@@ -374,9 +368,11 @@ COLUMNS: list[Column] = [
         "share of decoded text that is whitespace (primary condition)",
         lambda r: _get(spec_primary(r.spec), "text", "whitespace_share"),
     ),
-    Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)", _spec(1, MTP_METHOD, "mean_acceptance_length")),
+    Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)",
+           spec_value(1, MTP_METHOD, "mean_acceptance_length")),
     Column("spec_draft_len", "tokens drafted per step", lambda r: r.spec.get("draft_len")),
-    Column("spec_speedup", "measured speedup over our plain greedy (bs=1, median of repeats)", _spec(1, MTP_METHOD, "speedup")),
+    Column("spec_speedup", "measured speedup over our plain greedy (bs=1, median of repeats)",
+           spec_value(1, MTP_METHOD, "speedup")),
     Column(
         "spec_speedup_lo",
         "95% interval of the median over this run's timed repeats, lower end",
@@ -386,19 +382,19 @@ COLUMNS: list[Column] = [
     Column(
         "spec_ideal_speedup",
         "MAL · T_step / (T_verify + Σ T_draft) from measured parts (bs=1)",
-        _spec(1, MTP_METHOD, "ideal_speedup"),
+        spec_value(1, MTP_METHOD, "ideal_speedup"),
     ),
-    Column("spec_tokens_per_s", "MTP speculative decoding tokens/s (bs=1)", _spec(1, MTP_METHOD, "tokens_per_s")),
-    Column("greedy_tokens_per_s", "our plain greedy decoding tokens/s (bs=1)", _spec(1, GREEDY_METHOD, "tokens_per_s")),
+    Column("spec_tokens_per_s", "MTP speculative decoding tokens/s (bs=1)", spec_value(1, MTP_METHOD, "tokens_per_s")),
+    Column("greedy_tokens_per_s", "our plain greedy decoding tokens/s (bs=1)", spec_value(1, GREEDY_METHOD, "tokens_per_s")),
     Column(
         "hf_generate_tokens_per_s",
         "Hugging Face generate, greedy, same weights: tokens/s (bs=1)",
-        _spec(1, "hf_generate", "tokens_per_s"),
+        spec_value(1, "hf_generate", "tokens_per_s"),
     ),
     Column(
         "hf_prompt_lookup_tokens_per_s",
         "Hugging Face prompt-lookup decoding: tokens/s (bs=1)",
-        _spec(1, "hf_prompt_lookup", "tokens_per_s"),
+        spec_value(1, "hf_prompt_lookup", "tokens_per_s"),
     ),
     Column("eval_s", "wall time of the eval stage (s)", lambda r: _get(r.log, "stages", "eval", "seconds")),
     Column("specbench_s", "wall time of the specbench stage (s)", lambda r: _get(r.log, "stages", "specbench", "seconds")),
@@ -464,7 +460,7 @@ def summary_row(run: RunFolder) -> dict[str, Any]:
 def run_folders(results_dir: Path) -> list[RunFolder]:
     """Run folders that hold a run.json, in recipe order when the lock says it, else by name."""
     runs_dir = Path(results_dir) / RUNS
-    found = sorted(p for p in runs_dir.glob("*") if (p / "run.json").is_file()) if runs_dir.is_dir() else []
+    found = sorted(p for p in runs_dir.glob("*") if (p / RUN_JSON).is_file()) if runs_dir.is_dir() else []
     order = variant_order(results_dir)
     folders = [RunFolder(p) for p in found]
     return sorted(folders, key=lambda r: (order.get(r.variant, len(order)), r.variant, r.seed))

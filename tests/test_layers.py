@@ -14,7 +14,7 @@ PACKAGE = REPO / "mtp_cli"
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["mtp_cli", "mtp_cli.errors", "mtp_cli.paths", "mtp_cli.env", "mtp_cli.ui", "mtp_cli.stats",
-              "mtp_cli.run_clock", "mtp_cli.outputs", "mtp_cli.tables", "mtp_cli.claims", "mtp_cli.dist",
+              "mtp_cli.run_clock", "mtp_cli.outputs", "mtp_cli.tables", "mtp_cli.claims", "mtp_cli.dist", "mtp_cli.run_files",
               "mtp_cli.files"]),
     ("config", ["mtp_cli.config", "mtp_cli.conditions", "mtp_cli.schedule"]),
     ("data", ["mtp_cli.data"]),

@@ -425,7 +425,7 @@ def test_runs_stored_before_these_keys_still_resume(tmp_path):
     """A run.json written before qkv_bias/rope_scaling/init_from/freeze_trunk/self_* existed is the same run."""
     from helpers import micro_recipe
 
-    from mtp_cli.train import _check_out_dir
+    from mtp_cli.train import check_out_dir
 
     recipe = micro_recipe()
     stored = recipe.to_dict()
@@ -434,7 +434,7 @@ def test_runs_stored_before_these_keys_still_resume(tmp_path):
         for key in keys:
             del stored[section][key]
     (tmp_path / "run.json").write_text(json.dumps({"recipe": stored}))
-    assert _check_out_dir(tmp_path, recipe, resume=True, force=False) is False  # same run, no checkpoint yet
+    assert check_out_dir(tmp_path, recipe, resume=True, force=False) is False  # same run, no checkpoint yet
     recipe.model.qkv_bias = True
     with pytest.raises(UserError, match="model.qkv_bias False -> True"):
-        _check_out_dir(tmp_path, recipe, resume=True, force=False)
+        check_out_dir(tmp_path, recipe, resume=True, force=False)

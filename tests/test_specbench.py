@@ -302,7 +302,7 @@ def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
     shutil.copy(REPO / "tests" / "data" / "specbench_schema1.json", old / "specbench.json")
     committed = results.RunFolder(old)
     assert committed.spec["schema"] == 1
-    acc = results._spec(1, results.MTP_METHOD, "acceptance_rate")(committed)
+    acc = results.spec_value(1, results.MTP_METHOD, "acceptance_rate")(committed)
     assert acc == committed.spec["results"]["1"]["mtp"]["acceptance_rate"] and 0 < acc < 1
     assert set(results.spec_batches(committed.spec)) == {1, 4}
 
@@ -315,7 +315,7 @@ def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
     primary = results.spec_condition(folder.spec)
     assert primary["name"] == "heldout-greedy" and report["conditions"][1] == primary
     for key in ("acceptance_rate", "speedup", "degenerate_share"):
-        assert results._spec(1, results.MTP_METHOD, key)(folder) == primary["results"]["1"]["mtp"][key]
+        assert results.spec_value(1, results.MTP_METHOD, key)(folder) == primary["results"]["1"]["mtp"][key]
     humaneval = results.spec_condition(folder.spec, "humaneval-greedy")
     assert humaneval["prompts"]["source"] == "humaneval" and results.spec_condition(folder.spec, "nope") == {}
     # --peers primary: the Hugging Face peers are timed in the primary condition only, and say so elsewhere

@@ -7,8 +7,9 @@ import torch
 from mtp_cli import env
 from mtp_cli.bench.runners import PROMPT_LOOKUP_TOKENS, weight_bytes
 from mtp_cli.conditions import Condition
+from mtp_cli.run_files import SPEC_JSON
 
-JSON_NAME = "specbench.json"
+JSON_NAME = SPEC_JSON
 
 
 

@@ -36,6 +36,7 @@ from mtp_cli.evals.lm import MTPLM
 from mtp_cli.files import write_json
 from mtp_cli.model import MTPModel, pretrained
 from mtp_cli.model.hf import ensure_export, load_export
+from mtp_cli.run_files import EVAL_JSON
 
 SCHEMA = 1
 
@@ -58,7 +59,7 @@ def write_rows(path: Path, rows) -> str:
 
 def hf_json_path(source: str) -> Path:
     """Where `mtp eval --hf SOURCE` writes by default: results/hf/<source, '/' as '--'>/eval.json."""
-    return Path("results") / "hf" / str(source).strip("/").replace("/", "--") / "eval.json"
+    return Path("results") / "hf" / str(source).strip("/").replace("/", "--") / EVAL_JSON
 
 
 def hf_run(source: str, recipe=None):
@@ -105,7 +106,7 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
     subject = _load_subject(run_dir, hf, recipe, device)  # a missing or broken run is the first thing to report
     gsm8k_dir = _preflight(cfg, subject.run, text)
     run_dir = subject.run.run_dir
-    json_path = outputs.file(Path(json_path) if json_path else hf_json_path(hf) if hf else run_dir / "eval.json", "--json")
+    json_path = outputs.file(Path(json_path) if json_path else hf_json_path(hf) if hf else run_dir / EVAL_JSON, "--json")
     for task in cfg.tasks:
         outputs.file(samples_path(json_path, task, "windows" if task == "heldout" else "samples"), "--json")
     json_path.parent.mkdir(parents=True, exist_ok=True)

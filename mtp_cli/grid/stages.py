@@ -36,7 +36,7 @@ def run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
     except (UserError, KeyboardInterrupt):
         raise
     except Exception as exc:  # a crash in one run must not cost the others
-        with open(cell.run_dir / "ablate.log", "a") as log:
+        with open(cell.run_dir / results.ABLATE_LOG, "a") as log:
             log.write(f"--- {stage} failed at {now()}\n{getattr(exc, 'details', None) or traceback.format_exc()}\n")
         ab.failures.append(f"{cell.name}: {stage} failed ({type(exc).__name__}: {exc}); see {cell.run_dir / 'ablate.log'}")
         ui.console.print(f"[red]{cell.name}: {stage} failed[/red] ({type(exc).__name__}: {exc})", highlight=False)
@@ -88,7 +88,7 @@ def train(cell: Cell, view: GridView) -> None:
     send.close()
     try:
         while child.is_alive():
-            view.training(cell, cell.run_dir / "metrics.jsonl")
+            view.training(cell, cell.run_dir / results.METRICS)
             child.join(0.5)
     except KeyboardInterrupt:
         child.join()  # the same Ctrl-C reached the child, which saves a checkpoint before it exits

@@ -81,7 +81,7 @@ def inference_section(r: ResultSet) -> Section:
               ["variant", "batch", "ours greedy", "ours MTP", *PEERS.values(), "ours greedy ÷ HF generate",
                "MTP ÷ best peer"], speed_rows, speed_notes, empty="no specbench results stored."),
     ]
-    parts = _parts_table(r, primary)
+    parts = parts_table(r, primary)
     if parts:
         tables.append(parts)
     proxy_rows, source = [], set()
@@ -122,7 +122,7 @@ def _condition_label(r: ResultSet, variant: str, name: str, primary: str | None)
 
 
 
-def _parts_table(r: ResultSet, primary: str | None) -> Table | None:
+def parts_table(r: ResultSet, primary: str | None) -> Table | None:
     """Where the time of one speculative step goes (primary condition, smallest batch): the parts
     relative to a plain step, and the break-even MAL at which drafting starts to pay."""
     rows, vocab_notes = [], set()
