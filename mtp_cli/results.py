@@ -27,6 +27,7 @@ import pandas as pd
 
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.files import replacing
+from mtp_cli.result_docs import ci_key, read_eval, read_spec
 from mtp_cli.run_files import ABLATE_JSON, EVAL_JSON, EXPORT, EXPORT_INFO, METRICS, RUN_JSON, SPEC_JSON
 
 STAGES = ("train", "export", "eval", "specbench")
@@ -109,11 +110,11 @@ class RunFolder:
 
     @cached_property
     def eval(self) -> dict:
-        return _read(self.path / EVAL_JSON) or {}
+        return read_eval(self.path / EVAL_JSON)
 
     @cached_property
     def spec(self) -> dict:
-        return _read(self.path / SPEC_JSON) or {}
+        return read_spec(self.path / SPEC_JSON)
 
     @cached_property
     def log(self) -> dict:
@@ -148,16 +149,8 @@ class RunFolder:
 
 
 def spec_conditions(spec: dict) -> list[dict]:
-    """specbench.json's measured conditions (schema 2: `conditions`); a schema-1 file, which measured
-    one greedy condition at its top level, reads as that one condition (with no text statistics)."""
-    if isinstance(spec.get("conditions"), list):
-        return list(spec["conditions"])
-    if not spec.get("results"):
-        return []
-    prompts = spec.get("prompts") or {}
-    return [{"name": f"{prompts.get('source', 'prompts')}-greedy", "prompts": prompts, "temperature": 0.0,
-             "results": spec["results"], "summary": spec.get("summary") or {}, "skipped": spec.get("skipped") or {},
-             "text": {}}]
+    """specbench.json's measured conditions."""
+    return list(spec.get("conditions") or [])
 
 
 def spec_primary(spec: dict) -> dict:
@@ -167,18 +160,14 @@ def spec_primary(spec: dict) -> dict:
 
 
 def spec_batches(spec: dict) -> dict[int, dict]:
-    """specbench.json's per-batch-size results as {batch size: {method: metrics}}: the primary
-    condition's (schema 2), or the one set of results a schema-1 file holds."""
+    """specbench.json's per-batch-size results as {batch size: {method: metrics}}: the primary condition's."""
     return {int(bs): methods for bs, methods in (spec_condition(spec).get("results") or {}).items()}
 
 
 def spec_condition(spec: dict, name: str | None = None) -> dict:
-    """One condition of specbench.json (default: the primary; empty when absent). A schema-1 file is
-    one condition: its top-level results, summary, skipped and prompts."""
-    if "conditions" not in spec:
-        return spec if name is None else {}
+    """One condition of specbench.json (default: the primary; empty when absent)."""
     wanted = name or spec.get("primary")
-    return next((c for c in spec["conditions"] if c.get("name") == wanted), {})
+    return next((c for c in spec_conditions(spec) if c.get("name") == wanted), {})
 
 
 # ---- when a stage's output is complete -----------------------------------------------------------
@@ -243,13 +232,8 @@ def _get(d: dict, *keys: str) -> Any:
 
 def _ci(result: dict, key: str, side: int) -> Any:
     """Lower (side 0) or upper (side 1) end of a result's 95% interval for `key`, if stored."""
-    for name in (f"{key}_ci95", "ci95", f"{key}_ci", "ci"):
-        ci = result.get(name)
-        if isinstance(ci, (list, tuple)) and len(ci) == 2:
-            return ci[side]
-        if isinstance(ci, dict) and key in ci:
-            return ci[key][side]
-    return None
+    ci = result.get(ci_key(key))
+    return ci[side] if isinstance(ci, (list, tuple)) and len(ci) == 2 else None
 
 
 ITEMS_LO = "95% interval over this run's items (evaluation-set noise only, not seed to seed), lower end"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,10 +26,10 @@ from mtp_cli.errors import UserError
 from mtp_cli.stats import median_ci, ratio_ci
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci", "speedup", "speedup_ci", "latency_s", "ttft_s", "tpot_s",
+KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "latency_s", "ttft_s", "tpot_s",
         "identical_prompts", "mismatches")
 SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ideal_speedup",
-             "ideal_speedup_ci", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s", "t_prefill_s", "compile_s",
+             "ideal_speedup_ci95", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s", "t_prefill_s", "compile_s",
              "t_verify_by_k_s", "verify_over_step_by_k")
 
 
@@ -46,7 +48,7 @@ def test_sequential_report(tiny_runs, tmp_path):
                            show_progress=False)
     assert json.loads((tmp_path / "s.json").read_text()) == json.loads(json.dumps(report))
     assert report["draft_len"] == 3 and report["no_mtp_reason"] is None
-    assert report["schema"] == 2 and report["primary"] == "humaneval-greedy"
+    assert report["schema"] == 3 and report["primary"] == "humaneval-greedy"
     cond = only(report)
     assert cond["name"] == "humaneval-greedy" and cond["temperature"] == 0 and cond["prompts"]["count"] == 3
     assert set(cond["results"]) == {"1", "2"}
@@ -243,7 +245,7 @@ def test_conditions_report(tiny_runs, tmp_path):
     report = run_specbench(tiny_runs["sequential"], cfg, draft_run=tiny_runs["ntp"], json_path=tmp_path / "c.json",
                            show_progress=False)
     assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(report))
-    assert report["schema"] == 2 and report["primary"] == "heldout-greedy" and "results" not in report
+    assert report["schema"] == 3 and report["primary"] == "heldout-greedy" and "results" not in report
     vocab = report["draft_vocab"]  # the default: a quarter of the vocabulary, the most frequent training tokens
     assert vocab["size"] == vocab["vocab_size"] // 4 and 0.25 < vocab["training_share"] < 1
     greedy, sampled = report["conditions"]
@@ -274,7 +276,7 @@ def test_conditions_report(tiny_runs, tmp_path):
             assert len(units) == (4 if bs == "1" else 2)
             for key in ("accepted", "drafted", "steps"):
                 assert sum(u[key] for u in units) == m[key]
-            lo, hi = m["acceptance_rate_ci"]
+            lo, hi = m["acceptance_rate_ci95"]
             assert lo <= m["acceptance_rate"] <= hi
     # greedy text is the same at either batch size, so its statistics are too
     assert greedy["results"]["2"]["greedy"]["degenerate_share"] == greedy["text"]["degenerate_share"]
@@ -294,17 +296,14 @@ def test_ratio_ci():
     assert ratio_ci([0], [0]) == [None, None]
 
 
-def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
+def test_results_read_one_schema_and_the_migration_rewrites_the_old_one(tiny_runs, tmp_path):
     from mtp_cli import results
 
-    old = tmp_path / "schema1"  # a specbench.json as the first committed results wrote it
+    old = tmp_path / "schema1"  # a specbench.json as the first committed results wrote it: refused, with the way out
     old.mkdir()
     shutil.copy(REPO / "tests" / "data" / "specbench_schema1.json", old / "specbench.json")
-    committed = results.RunFolder(old)
-    assert committed.spec["schema"] == 1
-    acc = results.spec_value(1, results.MTP_METHOD, "acceptance_rate")(committed)
-    assert acc == committed.spec["results"]["1"]["mtp"]["acceptance_rate"] and 0 < acc < 1
-    assert set(results.spec_batches(committed.spec)) == {1, 4}
+    with pytest.raises(UserError, match="schema 1, this mtp reads schema 3; rewrite it"):
+        results.RunFolder(old).spec  # noqa: B018
 
     run = tmp_path / "seq"
     shutil.copytree(tiny_runs["sequential"], run)
@@ -322,6 +321,20 @@ def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
     assert {"hf_generate", "hf_prompt_lookup"} <= set(primary["results"]["1"])
     assert set(humaneval["results"]["1"]) == {"greedy", "mtp"}
     assert "primary condition only" in humaneval["skipped"]["1"]["hf_generate"]
+    # schema 2 spelled intervals `_ci`: the migration renames them and changes nothing else
+    v2 = tmp_path / "v2.json"
+
+    def spelled_v2(value):
+        if isinstance(value, dict):
+            return {k.removesuffix("95") if k.endswith("_ci95") else k: spelled_v2(v) for k, v in value.items()}
+        return [spelled_v2(v) for v in value] if isinstance(value, list) else value
+
+    stored = json.loads((run / "specbench.json").read_text())
+    v2.write_text(json.dumps(spelled_v2(stored) | {"schema": 2}))
+    assert any(k.endswith("_ci") for k in spelled_v2(primary["results"]["1"]["mtp"]))
+    proc = subprocess.run([sys.executable, REPO / "scripts" / "migrate_specbench_v3.py", v2], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(v2.read_text()) == stored
 
 
 def test_recipe_specbench_section():

@@ -15,6 +15,7 @@ from mtp_cli.conditions import Condition
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.speculative import SpecStats
 from mtp_cli.decode.timing import PhaseTimer
+from mtp_cli.result_docs import ci_key
 from mtp_cli.stats import median_ci, ratio_ci
 
 LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "hf_generate": "HF generate (greedy)",
@@ -56,7 +57,7 @@ def measure(runners: dict, ids: list[list[int]], bs: int, repeats: int, device: 
 
 
 def _put(entry: dict, key: str, values: Sequence[float]) -> None:
-    entry[key], entry[key + "_ci"] = median_ci(values)
+    entry[key], entry[ci_key(key)] = median_ci(values)
 
 
 
@@ -97,7 +98,7 @@ def _acceptance_by_unit(per_batch: list[SpecStats], bs: int) -> dict:
     of the acceptance rate over them."""
     units = [{"accepted": s.accepted, "drafted": s.drafted, "steps": s.steps} for s in per_batch]
     ci = ratio_ci([u["accepted"] for u in units], [u["drafted"] for u in units])
-    return {"acceptance_rate_ci": ci, ("per_prompt" if bs == 1 else "per_batch"): units}
+    return {ci_key("acceptance_rate"): ci, ("per_prompt" if bs == 1 else "per_batch"): units}
 
 
 

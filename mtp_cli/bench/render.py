@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mtp_cli.result_docs import ci_key
+
 
 def render_table(report: dict):
     """The report as tables, one per condition: a row per batch size and method. "degen" is the share of
@@ -32,10 +34,10 @@ def _condition_table(report: dict, condition: dict):
     rows = []
     for bs, methods in condition["results"].items():
         for name, e in methods.items():
-            lo, hi = e["speedup_ci"]
+            lo, hi = e[ci_key("speedup")]
             acc = _fmt(e.get("acceptance_rate"), "{:.0%}")
-            if acc and e["acceptance_rate_ci"][0] is not None:
-                acc += " [{:.0%}-{:.0%}]".format(*e["acceptance_rate_ci"])
+            if acc and e[ci_key("acceptance_rate")][0] is not None:
+                acc += " [{:.0%}-{:.0%}]".format(*e[ci_key("acceptance_rate")])
             exact = "-" if e["lossless"] is None else "yes" if e["lossless"] else \
                 f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}"
             rows.append([

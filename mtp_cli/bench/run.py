@@ -45,7 +45,7 @@ from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.engine import default_compile
 from mtp_cli.decode.speculative import draft_len_for
 from mtp_cli.errors import UserError
-from mtp_cli.files import write_json
+from mtp_cli.result_docs import SpecbenchDoc, write_spec
 
 __all__ = ["JSON_NAME", "run_specbench"]
 
@@ -110,8 +110,7 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                     entry["text"] = text_stats(tallies[condition.baseline][0].outputs, run.tokenizer)
             report["conditions"].append(entry)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(json_path, report)
-    return report
+    return write_spec(json_path, SpecbenchDoc(**report))
 
 
 

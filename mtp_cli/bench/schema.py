@@ -7,6 +7,7 @@ import torch
 from mtp_cli import env
 from mtp_cli.bench.runners import PROMPT_LOOKUP_TOKENS, weight_bytes
 from mtp_cli.conditions import Condition
+from mtp_cli.result_docs import SPEC_SCHEMA, ci_key
 from mtp_cli.run_files import SPEC_JSON
 
 JSON_NAME = SPEC_JSON
@@ -36,7 +37,7 @@ def header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) ->
         no_mtp = (f"objective {model.objective!r} trains no MTP modules, so there is nothing to draft with: "
                   "only the baseline and the Hugging Face peers are measured")
     return {
-        "schema": 2, "run": str(run.run_dir), "step": run.step, "objective": model.objective,
+        "schema": SPEC_SCHEMA, "run": str(run.run_dir), "step": run.step, "objective": model.objective,
         "depth": model.mtp_cfg.depth if model.objective == "sequential" else None,
         "heads": model.mtp_cfg.heads if model.objective == "parallel" else None,
         "mtp_input": model.mtp_cfg.mtp_input if model.objective == "sequential" else None,
@@ -66,12 +67,13 @@ def headline(results: dict, baseline: str = "greedy") -> dict:
     if "hf_generate" in results:  # the reciprocal of hf_generate's speedup: paired per repeat, median and interval
         hf = results["hf_generate"]
         out["greedy_over_hf_generate"] = 1 / hf["speedup"]
-        out["greedy_over_hf_generate_ci"] = [1 / hf["speedup_ci"][1], 1 / hf["speedup_ci"][0]]
+        lo, hi = hf[ci_key("speedup")]
+        out[ci_key("greedy_over_hf_generate")] = [1 / hi, 1 / lo]
     if "mtp" in results:
         m = results["mtp"]
-        out.update({"mtp_speedup": m["speedup"], "mtp_speedup_ci": m["speedup_ci"],
+        out.update({"mtp_speedup": m["speedup"], ci_key("mtp_speedup"): m[ci_key("speedup")],
                     "mtp_ideal_speedup": m["ideal_speedup"], "mtp_speedup_over_ideal": m["speedup_over_ideal"],
                     "mtp_lossless": m["lossless"], "mtp_acceptance_rate": m["acceptance_rate"],
-                    "mtp_acceptance_rate_ci": m["acceptance_rate_ci"]})
+                    ci_key("mtp_acceptance_rate"): m[ci_key("acceptance_rate")]})
     out["baseline_degenerate_share"] = results[baseline]["degenerate_share"]
     return out

@@ -33,12 +33,10 @@ from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
 from mtp_cli.evals.lm import MTPLM
-from mtp_cli.files import write_json
 from mtp_cli.model import MTPModel, pretrained
 from mtp_cli.model.hf import ensure_export, load_export
+from mtp_cli.result_docs import EvalDoc, write_eval
 from mtp_cli.run_files import EVAL_JSON
-
-SCHEMA = 1
 
 
 def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
@@ -126,24 +124,13 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
             else:
                 results[task] = _gsm8k(subject, cfg, rt, gsm8k_dir, fewshot, json_path, progress)
             seconds[task] = round(time.perf_counter() - t0, 2)
-    doc = {
-        "schema": SCHEMA,
-        "run": subject.source.name if subject.source else str(run_dir),
-        "step": subject.run.step,
-        "objective": subject.run.model.objective,
-        **({"hf": subject.source.record()} if subject.source else {}),
-        "export": str(subject.export_dir) if subject.export_dir else None,
-        "context": subject.run.recipe.model.context,
-        "tasks": list(cfg.tasks),
-        "limits": {task: cfg.limit(task) for task in cfg.tasks},
-        "seconds": seconds,
-        "hardware": env.hardware(),
-        "git_commit": env.git_commit(),
-        "results": results,
-    }
-    write_json(json_path, doc)
-    doc["json_path"] = str(json_path)
-    return doc
+    doc = EvalDoc(run=subject.source.name if subject.source else str(run_dir), step=subject.run.step,
+                  objective=subject.run.model.objective, hf=subject.source.record() if subject.source else None,
+                  export=str(subject.export_dir) if subject.export_dir else None,
+                  context=subject.run.recipe.model.context, tasks=list(cfg.tasks),
+                  limits={task: cfg.limit(task) for task in cfg.tasks}, seconds=seconds, hardware=env.hardware(),
+                  git_commit=env.git_commit(), results=results)
+    return write_eval(json_path, doc) | {"json_path": str(json_path)}
 
 
 def _load_subject(run_dir, hf: str | None, recipe: str | None, device) -> _Subject:
