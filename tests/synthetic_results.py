@@ -1,6 +1,6 @@
 """A results folder written from planted numbers, in the stored formats the report reads (eval.json
-with per-item files, specbench.json), written through their typed schemas (mtp_cli/result_docs.py), so the report's statistics can be checked against
-values known in advance. Nothing here trains or evaluates."""
+with per-item files, specbench.json), written through their typed schemas (mtp_cli/result_docs.py), so
+the report's statistics can be checked against values known in advance. Nothing here trains or evaluates."""
 
 from __future__ import annotations
 
