@@ -170,7 +170,7 @@ def _check_contexts(subject: _Subject, cfg: EvalConfig, rt: Runtime, gsm8k_dir: 
     """GSM8K's shot count (see `run_eval`); with truncate off, refusals come before any model work."""
     fewshot = cfg.gsm8k_fewshot
     if "gsm8k" in cfg.tasks and fewshot is None:
-        fewshot = gsm8k.fitting_fewshot(subject.lm(cfg, rt), cfg.limit("gsm8k"), gsm8k_dir,
+        fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=subject.trunk, tokenizer=subject.tokenizer), cfg.limit("gsm8k"), gsm8k_dir,
                                         subject.run.recipe.eval.gsm8k_fewshot or 0)
     if "humaneval" in cfg.tasks:
         humaneval.check_context(subject.trunk, subject.tokenizer, cfg.limit("humaneval"), truncate=cfg.truncate)
