@@ -17,17 +17,15 @@ from typing import Any
 
 import torch
 
-from mtp_cli import outputs
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.files import replacing
 from mtp_cli.model import MTPModel
+from mtp_cli.run_files import CHECKPOINT, METRICS, RUN_JSON, TOKENIZER
 
-CHECKPOINT = "checkpoint.pt"
-RUN_JSON = outputs.RUN_MARKER
-METRICS = "metrics.jsonl"
-TOKENIZER = "tokenizer"
+__all__ = ["CHECKPOINT", "METRICS", "RUN_JSON", "TOKENIZER"]  # the run-folder names, for its readers
+
 
 
 def read_json(path: Path) -> dict:

@@ -17,6 +17,7 @@ DECODE_THREADS = 1
 
 DECODE_COMPILE_HELP = ("torch.compile the decoder (default: on CUDA only; on CPU its step is faster, but compiling "
                        "takes about a minute, more than a short run saves).")
+DEVICE_HELP = "auto (CUDA when present) | cpu | cuda."
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train NTP vs multi-token-prediction models, evaluate the trunk, benchmark MTP drafting.")
@@ -136,8 +137,9 @@ def export(
 ) -> None:
     """Write the trunk alone (MTP modules discarded) as a Hugging Face LlamaForCausalLM checkpoint."""
     from mtp_cli.model.hf import export_run
+    from mtp_cli.run_files import EXPORT
 
-    path = export_run(run, out or run / "export", force=force)
+    path = export_run(run, out or run / EXPORT, force=force)
     ui.out.print(f"exported {run} -> {path} (load with transformers.AutoModelForCausalLM.from_pretrained)", markup=False)
 
 
@@ -165,17 +167,21 @@ def eval_(
     recipe: str | None = typer.Option(None, help="With --hf: the recipe whose data gives the held-out split "
                                          "(default: quick)."),
     compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     from mtp_cli import paths
-    from mtp_cli.evals.runner import results_table, run_eval
+    from mtp_cli.config import EvalConfig, Runtime
+    from mtp_cli.evals.runner import parse_tasks, results_table, run_eval
 
-    _use_threads(threads)
     if recipe is not None and hf is None:
         raise UserError("--recipe is for --hf (a run evaluates on its own recipe's data)")
-    doc = run_eval(run, tasks, limit=limit, gsm8k_data=paths.gsm8k_data(gsm8k_data), samples=samples, temperature=temperature,
-                   text=text, json_path=json_path, truncate=truncate, gsm8k_fewshot=gsm8k_fewshot, hf=hf, recipe=recipe,
-                   compile=compile)
+    names = parse_tasks(tasks)
+    cfg = EvalConfig(tasks=names, limits={t: limit for t in names} if limit is not None else {},
+                     gsm8k_data=str(paths.gsm8k_data(gsm8k_data) or paths.HUB), gsm8k_fewshot=gsm8k_fewshot,
+                     truncate=truncate, samples=samples, temperature=temperature)
+    doc = run_eval(run, cfg, Runtime(device=device, threads=threads, compile=compile), hf=hf, recipe=recipe, text=text,
+                   json_path=json_path)
     ui.out.print(results_table(doc))
     ui.out.print(f"results written to {doc['json_path']}", markup=False)
 
@@ -195,13 +201,15 @@ def generate(
                                                          "training tokens (default: a quarter of the vocabulary; 0: all)."),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads (1: fastest on busy cores, see the README)."),
     compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
+    from mtp_cli.config import Runtime
     from mtp_cli.decode.batching import complete
 
-    _use_threads(threads)
     result = complete(run, prompt, max_new_tokens, temperature, top_p, seed, speculative=speculative,
-                      draft_len=draft_len, compile=compile, draft_vocab=draft_vocab)
+                      draft_len=draft_len, draft_vocab=draft_vocab,
+                      rt=Runtime(device=device, threads=threads, compile=compile))
     if result["max_new_tokens"] != max_new_tokens:
         ui.console.print(f"note: --max-new-tokens {max_new_tokens} does not fit the trained context {result['context']}; "
                          f"at most {result['max_new_tokens']} new tokens", markup=False, soft_wrap=True)
@@ -260,30 +268,20 @@ def specbench(
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads during the benchmark (1: fastest on busy cores)."),
     json_path: Path | None = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
     compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """End-to-end latency: plain decoding vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers,
     with the share of the timed text that is a repetition loop."""
-    from mtp_cli.bench.run import JSON_NAME, render_table, run_specbench
+    from mtp_cli.bench.render import render_table
+    from mtp_cli.bench.run import JSON_NAME, run_specbench
+    from mtp_cli.config import Runtime, SpecbenchConfig
 
-    _use_threads(threads)  # --gsm8k-data is resolved where the prompts are read (mtp_cli/data/prompts.py)
-    report = run_specbench(
-        run,
-        prompts=prompts,
-        limit=limit or None,
-        max_new_tokens=max_new_tokens,
-        batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
-        repeats=repeats,
-        draft_len=draft_len,
-        draft_run=draft,
-        json_path=json_path,
-        gsm8k_data=gsm8k_data,
-        threads=threads,
-        temperatures=_float_list(temperatures, "--temperatures"),
-        primary=primary,
-        compile=compile,
-        peers=peers,
-        draft_vocab=draft_vocab,
-    )
+    cfg = SpecbenchConfig(prompts=prompts, temperatures=_float_list(temperatures, "--temperatures"), primary=primary,
+                          limit=limit, max_new_tokens=max_new_tokens, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
+                          repeats=repeats, draft_len=draft_len, draft_vocab=draft_vocab, peers=peers)
+    # --gsm8k-data is resolved where the prompts are read (mtp_cli/data/prompts.py)
+    report = run_specbench(run, cfg, Runtime(device=device, threads=threads, compile=compile), draft_run=draft,
+                           gsm8k_data=gsm8k_data, json_path=json_path)
     ui.out.print(render_table(report))
     if report["no_mtp_reason"]:
         ui.out.print(f"no MTP row: {report['no_mtp_reason']}", markup=False)
@@ -393,14 +391,14 @@ def _float_list(text: str, flag: str) -> list[float]:
 
 
 def _use_threads(threads: int | None) -> None:
-    """--threads: torch's intra-op CPU threads for this process (None: leave torch's default)."""
-    if threads is None:
-        return
-    if threads < 1:
-        raise UserError(f"--threads must be >= 1, got {threads}")
-    import torch
+    """--threads of `mtp train` and `mtp ablate`: torch's intra-op CPU threads for this process and the
+    stages it runs (None: leave torch's default); their device is the recipe's train.device."""
+    from mtp_cli import env
+    from mtp_cli.config import Runtime
 
-    torch.set_num_threads(threads)
+    rt = Runtime(threads=threads)
+    rt.validate()
+    env.use_runtime(rt)
 
 
 def _key_values(items: list[str], flag: str) -> dict[str, str]:

@@ -18,6 +18,7 @@ import math
 import pandas as pd
 
 from mtp_cli import results, seed_stats, stats
+from mtp_cli.result_docs import ci_key
 from mtp_cli.resultset import Metric, ResultSet, values
 from mtp_cli.stats import Estimate
 
@@ -162,7 +163,7 @@ def acceptance(r: ResultSet, variant: str, condition: str | None, batch_size: in
     runs = r.seeds(variant)
     for seed, run in runs.items():
         mtp = ((r.condition(run, condition).get("results") or {}).get(str(batch_size)) or {}).get(results.MTP_METHOD)
-        ci = (mtp or {}).get("acceptance_rate_ci")
+        ci = (mtp or {}).get(ci_key("acceptance_rate"))
         if len(runs) == 1 and isinstance(ci, (list, tuple)) and len(ci) == 2:  # specbench's own, as in summary.csv
             return Estimate(mtp["acceptance_rate"], ci[0], ci[1], "bootstrap over prompts", n_seeds=(1,)), None
         per_prompt = (mtp or {}).get("per_prompt")

@@ -27,6 +27,8 @@ SCHEDULES = ("cosine", "wsd")
 EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
 SPEC_PROMPTS = ("humaneval", "gsm8k")
 TRACKERS = ("none", "tensorboard", "wandb")
+DEVICES = ("auto", "cpu", "cuda")
+PEER_SCOPES = ("all", "primary")  # specbench.peers
 PARALLEL = ("ddp", "fsdp")  # train.parallel: how torchrun's processes share the model (mtp_cli/parallel.py)
 LAUNCHERS = ("local", "slurm")
 VARIANT_SECTIONS = ("model", "mtp", "data", "train", "eval", "specbench")
@@ -228,8 +230,8 @@ class TrainConfig:
             raise UserError(f"train.warmup must be >= 0, got {self.warmup}")
         if self.schedule not in SCHEDULES:
             raise UserError(f"unknown train.schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise UserError(f"unknown train.device {self.device!r}; choose auto, cpu or cuda")
+        if self.device not in DEVICES:
+            raise UserError(f"unknown train.device {self.device!r}; choose one of {', '.join(DEVICES)}")
         if self.track not in TRACKERS:
             raise UserError(f"unknown tracker {self.track!r} (--track / train.track); choose one of {', '.join(TRACKERS)}")
         if self.parallel not in PARALLEL:
@@ -238,45 +240,58 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """`mtp ablate`'s eval stage, run on the exported trunk (MTP modules discarded)."""
+    """What `mtp eval` and `mtp ablate`'s eval stage measure, on the exported trunk (MTP modules discarded)."""
 
     enabled: bool = True
     tasks: list[str] = field(default_factory=lambda: list(EVAL_TASKS))
     limits: dict[str, int] = field(default_factory=dict)  # task -> first N items; absent or 0 = all
     gsm8k_data: str = "data/gsm8k"  # relative to the repository (`mtp_cli.paths`); "" or "hub" = the online stock task
-    gsm8k_fewshot: int = 5  # lm-eval's num_fewshot; fewer when 5-shot prompts do not fit the trained context
+    gsm8k_fewshot: int | None = 5  # lm-eval's num_fewshot; None (`mtp eval` without the flag): the run recipe's,
+    #                                lowered to the largest count whose prompts fit the trained context
     truncate: bool = True  # cut prompts to the trained context (lm-eval's rule); false = refuse to eval instead
     baseline: bool = False  # also evaluate train.init_from itself (`mtp eval --hf`): the "before" row
+    samples: int = 1  # HumanEval completions per problem (pass@k for k <= samples)
+    temperature: float = 0.0  # HumanEval sampling temperature (0: greedy)
 
     def limit(self, task: str) -> int | None:
         return self.limits.get(task) or None
 
     def validate(self) -> None:
+        if not self.tasks:
+            raise UserError(f"no eval task given; choose from {', '.join(EVAL_TASKS)}")
         for task in self.tasks:
             if task not in EVAL_TASKS:
-                raise UserError(f"unknown eval task {task!r}; choose from {', '.join(EVAL_TASKS)}")
+                raise UserError(f"unknown eval task {task!r} (eval.tasks / --tasks); choose from {', '.join(EVAL_TASKS)}")
         if len(set(self.tasks)) != len(self.tasks):
             raise UserError(f"eval.tasks lists a task twice: {self.tasks}")
         for task, n in self.limits.items():
             if task not in EVAL_TASKS:
                 raise UserError(f"eval.limits names unknown task {task!r}; choose from {', '.join(EVAL_TASKS)}")
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise UserError(f"eval.limits.{task} must be an integer >= 0 (0 = all), got {n!r}")
-        if isinstance(self.gsm8k_fewshot, bool) or not isinstance(self.gsm8k_fewshot, int) or self.gsm8k_fewshot < 0:
-            raise UserError(f"eval.gsm8k_fewshot must be an integer >= 0, got {self.gsm8k_fewshot!r}")
+                raise UserError(f"eval.limits.{task} (--limit) must be a whole number >= 0 (0 = all), got {n!r}")
+        fewshot = self.gsm8k_fewshot
+        if fewshot is not None and (isinstance(fewshot, bool) or not isinstance(fewshot, int) or fewshot < 0):
+            raise UserError(f"eval.gsm8k_fewshot (--gsm8k-fewshot) must be a whole number >= 0, got {fewshot!r}")
         if not isinstance(self.truncate, bool):
             raise UserError(f"eval.truncate must be true or false, got {self.truncate!r}")
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise UserError(f"--samples must be >= 1, got {self.samples}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.samples > 1 and self.temperature <= 0:
+            raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
 
 
 @dataclass
 class SpecbenchConfig:
-    """`mtp ablate`'s specbench stage: MTP self-speculative decoding against plain greedy and peers."""
+    """What `mtp specbench` and `mtp ablate`'s specbench stage measure: MTP self-speculative decoding
+    against plain greedy and peers."""
 
     enabled: bool = True
     prompts: str | list[str] = "humaneval"  # one or more of humaneval | gsm8k | heldout | a prompt file
     temperatures: list[float] = field(default_factory=lambda: [0.0])  # each source is measured at each
     primary: str | None = None  # the headline condition, e.g. "heldout-greedy" (default: the first)
-    limit: int = 20
+    limit: int = 20  # the first N prompts of each source; 0 = all
     max_new_tokens: int = 128
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     repeats: int = 5
@@ -285,18 +300,39 @@ class SpecbenchConfig:
     peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
 
     def validate(self) -> None:
-        if self.peers not in ("all", "primary"):
-            raise UserError(f"specbench.peers must be all or primary, got {self.peers!r}")
-        for name in ("limit", "max_new_tokens", "repeats"):
+        if self.peers not in PEER_SCOPES:
+            raise UserError(f"specbench.peers (--peers) must be one of {', '.join(PEER_SCOPES)}, got {self.peers!r}")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
+            raise UserError(f"specbench.limit (--limit) must be a whole number >= 0 (0 = all), got {self.limit!r}")
+        for name in ("max_new_tokens", "repeats"):
             if getattr(self, name) < 1:
-                raise UserError(f"specbench.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
-            raise UserError(f"specbench.batch_sizes must be a non-empty list of sizes >= 1, got {self.batch_sizes}")
+                raise UserError(f"specbench.{name} (--{name.replace('_', '-')}) must be >= 1, got {getattr(self, name)}")
+        if not self.batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batch_sizes):
+            raise UserError(f"specbench.batch_sizes (--batch-sizes) must be integers >= 1, got {self.batch_sizes}")
         if self.draft_len is not None and self.draft_len < 1:
-            raise UserError(f"specbench.draft_len must be >= 1, got {self.draft_len}")
+            raise UserError(f"specbench.draft_len (--draft-len) must be >= 1, got {self.draft_len}")
         if self.draft_vocab is not None and self.draft_vocab < 0:
-            raise UserError(f"specbench.draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
+            raise UserError(f"specbench.draft_vocab (--draft-vocab) must be >= 0 (0: the whole vocabulary), "
+                            f"got {self.draft_vocab}")
         plan_conditions(self.prompts, self.temperatures, self.primary)
+
+
+@dataclass
+class Runtime:
+    """Where and how fast a command runs, the same three settings for every command that runs a model
+    (`mtp eval`, `generate`, `specbench`, and each stage of `mtp ablate`). Not part of a recipe's
+    results: they change how fast a number comes, not the number."""
+
+    device: str = "auto"  # auto (CUDA when present) | cpu | cuda
+    threads: int | None = None  # torch's intra-op CPU threads (None: as they are, one per core by default)
+    compile: bool | None = None  # the decoders' torch.compile switch (None: the device's default)
+
+    def validate(self) -> None:
+        if self.device not in DEVICES:
+            raise UserError(f"unknown device {self.device!r} (--device); choose one of {', '.join(DEVICES)}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise UserError(f"--threads must be >= 1, got {self.threads}")
 
 
 @dataclass

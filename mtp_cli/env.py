@@ -25,6 +25,13 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def use_runtime(rt) -> torch.device:
+    """Apply a `config.Runtime` to this process: torch's CPU threads when it names a count; returns its device."""
+    if rt.threads is not None:
+        torch.set_num_threads(rt.threads)
+    return pick_device(rt.device)
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bf16 autocast on CUDA; fp32 on CPU (bf16 matmul is ~100x slower on this kind of CPU)."""
     return torch.bfloat16 if device.type == "cuda" else None
@@ -80,7 +87,7 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32
     return best
 
 
-def _peak_key(device: torch.device, dtype: torch.dtype) -> str:
+def peak_key(device: torch.device, dtype: torch.dtype) -> str:
     return f"{cpu_model()}|{device.type}|{dtype}|{torch.get_num_threads()}"
 
 
@@ -98,7 +105,7 @@ def _write_peak_table(path: Path, table: dict) -> None:
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, cache_dir: Path) -> float:
     """The measured peak, cached per machine/device/dtype/thread count so it is measured once."""
-    key, path = _peak_key(device, dtype), cache_dir / PEAK_CACHE
+    key, path = peak_key(device, dtype), cache_dir / PEAK_CACHE
     table = _peak_table(path)
     if key not in table:
         table[key] = measure_matmul_peak(device, dtype)
@@ -108,7 +115,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, cache_dir: Path) -> fl
 
 def raise_matmul_peak(device: torch.device, dtype: torch.dtype, cache_dir: Path, achieved: float) -> float:
     """A run reached `achieved` FLOP/s, so the peak is at least that: the cached peak becomes the larger."""
-    key, path = _peak_key(device, dtype), cache_dir / PEAK_CACHE
+    key, path = peak_key(device, dtype), cache_dir / PEAK_CACHE
     table = _peak_table(path)
     table[key] = max(float(table.get(key, 0.0)), achieved)
     _write_peak_table(path, table)

@@ -14,10 +14,11 @@ import os
 from pathlib import Path
 
 from mtp_cli.errors import UserError
+from mtp_cli.run_files import EXPORT_INFO, RUN_JSON
 
 SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
-RUN_MARKER = "run.json"  # mtp_cli.checkpoint.RUN_JSON: a folder holding it is a run
-EXPORT_MARKER = "mtp_export.json"  # mtp_cli.model.hf.EXPORT_INFO: a folder holding it is an export
+RUN_MARKER = RUN_JSON  # a folder holding it is a run
+EXPORT_MARKER = EXPORT_INFO  # a folder holding it is an export
 
 
 def folder(path: str | Path, flag: str) -> Path:

@@ -38,16 +38,25 @@ GSM8K_DIR = shipped(GSM8K_BUNDLED)
 def gsm8k_data(flag: str | Path | None = None, recipe_value: str | None = None) -> Path | None:
     """The GSM8K folder to use (absolute), or None for the stock task on the Hugging Face hub."""
     for value, base in ((flag, Path.cwd()), (os.environ.get(GSM8K_ENV) or None, Path.cwd()), (recipe_value, REPO)):
-        if value is None:
-            continue
-        text = str(value).strip()
-        if text in ("", HUB):
-            return None
-        if base == REPO and text == GSM8K_BUNDLED:
-            return GSM8K_DIR  # the recipes' "data/gsm8k": the shipped copy, in a checkout or a wheel
-        path = Path(text).expanduser()
-        return path if path.is_absolute() else (base / path).resolve()
+        if value is not None:
+            return _gsm8k_folder(value, base)
     return GSM8K_DIR
+
+
+def gsm8k_folder(value: str | Path) -> Path | None:
+    """An eval config's `gsm8k_data` as it stands (no flag or environment above it): a folder, relative to
+    the repository, or None for "hub" / ""."""
+    return _gsm8k_folder(value, REPO)
+
+
+def _gsm8k_folder(value: str | Path, base: Path) -> Path | None:
+    text = str(value).strip()
+    if text in ("", HUB):
+        return None
+    if base == REPO and text == GSM8K_BUNDLED:
+        return GSM8K_DIR  # the recipes' "data/gsm8k": the shipped copy, in a checkout or a wheel
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
 
 
 def shown(path: str | Path) -> str:

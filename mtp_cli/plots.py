@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mtp_cli import compare, comparisons, results, stats  # noqa: E402
+from mtp_cli.result_docs import ci_key
 
 
 def render_all(r, out_dir: Path) -> list[tuple[str, Path]]:
@@ -142,7 +143,7 @@ def speedup_vs_batch(r, path: Path) -> str | None:
         for bs, methods, _ in r.spec_by_batch(v):
             mtp = methods.get(results.MTP_METHOD) or {}
             if mtp.get("speedup") is not None:
-                ci = mtp.get("speedup_ci95") or mtp.get("speedup_ci")
+                ci = mtp.get(ci_key("speedup"))
                 pts.append((bs, mtp["speedup"], ci if isinstance(ci, (list, tuple)) and len(ci) == 2 else None,
                             mtp.get("ideal_speedup")))
         if pts:

@@ -27,6 +27,8 @@ import pandas as pd
 
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.files import replacing
+from mtp_cli.result_docs import ci_key, read_eval, read_spec
+from mtp_cli.run_files import ABLATE_JSON, EVAL_JSON, EXPORT, EXPORT_INFO, METRICS, RUN_JSON, SPEC_JSON
 
 STAGES = ("train", "export", "eval", "specbench")
 LOCK = "recipe.lock.json"
@@ -34,11 +36,6 @@ SUMMARY = "summary.csv"
 REPORT = "REPORT.md"
 PLOTS = "plots"
 RUNS = "runs"
-EXPORT = "export"
-EVAL_JSON = "eval.json"
-SPEC_JSON = "specbench.json"
-ABLATE_JSON = "ablate.json"
-EXPORT_INFO = "mtp_export.json"
 GSM8K_STRICT = "exact_match,strict-match"
 GSM8K_FLEX = "exact_match,flexible-extract"
 MTP_METHOD = "mtp"
@@ -47,8 +44,6 @@ GREEDY_METHOD = "greedy"
 
 SOURCE = "source"  # results/<recipe>/source/<run>: the run a recipe's [source] table trains first
 BASELINE = "baseline"  # results/<recipe>/baseline/eval.json: `mtp eval --hf` of the runs' init_from
-ABLATE_LOG = "ablate.log"  # a run's stage failures, with their tracebacks
-METRICS = "metrics.jsonl"
 
 
 def _lambda_final(run: dict) -> float | None:
@@ -111,15 +106,15 @@ class RunFolder:
 
     @cached_property
     def run(self) -> dict:
-        return _read(self.path / "run.json") or {}
+        return _read(self.path / RUN_JSON) or {}
 
     @cached_property
     def eval(self) -> dict:
-        return _read(self.path / EVAL_JSON) or {}
+        return read_eval(self.path / EVAL_JSON)
 
     @cached_property
     def spec(self) -> dict:
-        return _read(self.path / SPEC_JSON) or {}
+        return read_spec(self.path / SPEC_JSON)
 
     @cached_property
     def log(self) -> dict:
@@ -128,7 +123,7 @@ class RunFolder:
     @cached_property
     def metrics(self) -> list[dict]:
         try:
-            lines = (self.path / "metrics.jsonl").read_text().splitlines()
+            lines = (self.path / METRICS).read_text().splitlines()
         except OSError:
             return []
         return [json.loads(line) for line in lines if line.strip()]
@@ -154,16 +149,8 @@ class RunFolder:
 
 
 def spec_conditions(spec: dict) -> list[dict]:
-    """specbench.json's measured conditions (schema 2: `conditions`); a schema-1 file, which measured
-    one greedy condition at its top level, reads as that one condition (with no text statistics)."""
-    if isinstance(spec.get("conditions"), list):
-        return list(spec["conditions"])
-    if not spec.get("results"):
-        return []
-    prompts = spec.get("prompts") or {}
-    return [{"name": f"{prompts.get('source', 'prompts')}-greedy", "prompts": prompts, "temperature": 0.0,
-             "results": spec["results"], "summary": spec.get("summary") or {}, "skipped": spec.get("skipped") or {},
-             "text": {}}]
+    """specbench.json's measured conditions."""
+    return list(spec.get("conditions") or [])
 
 
 def spec_primary(spec: dict) -> dict:
@@ -173,18 +160,14 @@ def spec_primary(spec: dict) -> dict:
 
 
 def spec_batches(spec: dict) -> dict[int, dict]:
-    """specbench.json's per-batch-size results as {batch size: {method: metrics}}: the primary
-    condition's (schema 2), or the one set of results a schema-1 file holds."""
+    """specbench.json's per-batch-size results as {batch size: {method: metrics}}: the primary condition's."""
     return {int(bs): methods for bs, methods in (spec_condition(spec).get("results") or {}).items()}
 
 
 def spec_condition(spec: dict, name: str | None = None) -> dict:
-    """One condition of specbench.json (default: the primary; empty when absent). A schema-1 file is
-    one condition: its top-level results, summary, skipped and prompts."""
-    if "conditions" not in spec:
-        return spec if name is None else {}
+    """One condition of specbench.json (default: the primary; empty when absent)."""
     wanted = name or spec.get("primary")
-    return next((c for c in spec["conditions"] if c.get("name") == wanted), {})
+    return next((c for c in spec_conditions(spec) if c.get("name") == wanted), {})
 
 
 # ---- when a stage's output is complete -----------------------------------------------------------
@@ -249,13 +232,8 @@ def _get(d: dict, *keys: str) -> Any:
 
 def _ci(result: dict, key: str, side: int) -> Any:
     """Lower (side 0) or upper (side 1) end of a result's 95% interval for `key`, if stored."""
-    for name in (f"{key}_ci95", "ci95", f"{key}_ci", "ci"):
-        ci = result.get(name)
-        if isinstance(ci, (list, tuple)) and len(ci) == 2:
-            return ci[side]
-        if isinstance(ci, dict) and key in ci:
-            return ci[key][side]
-    return None
+    ci = result.get(ci_key(key))
+    return ci[side] if isinstance(ci, (list, tuple)) and len(ci) == 2 else None
 
 
 ITEMS_LO = "95% interval over this run's items (evaluation-set noise only, not seed to seed), lower end"
@@ -264,7 +242,7 @@ PROMPTS_LO = "95% interval over this run's prompts (evaluation-set noise only), 
 PROMPTS_HI = "the same interval, upper end"
 
 
-def _spec(bs: int, method: str, key: str) -> Callable[[RunFolder], Any]:
+def spec_value(bs: int, method: str, key: str) -> Callable[[RunFolder], Any]:
     return lambda r: _get(r.spec_batch(bs), method, key)
 
 
@@ -359,9 +337,9 @@ COLUMNS: list[Column] = [
     Column(
         "spec_lossless",
         "MTP speculative output identical to plain greedy on every prompt (bs=1)",
-        _spec(1, MTP_METHOD, "lossless"),
+        spec_value(1, MTP_METHOD, "lossless"),
     ),
-    Column("spec_acceptance_rate", "accepted / drafted tokens (bs=1)", _spec(1, MTP_METHOD, "acceptance_rate")),
+    Column("spec_acceptance_rate", "accepted / drafted tokens (bs=1)", spec_value(1, MTP_METHOD, "acceptance_rate")),
     Column("spec_acceptance_rate_lo", PROMPTS_LO, lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 0)),
     Column("spec_acceptance_rate_hi", PROMPTS_HI, lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 1)),
     Column(
@@ -374,9 +352,11 @@ COLUMNS: list[Column] = [
         "share of decoded text that is whitespace (primary condition)",
         lambda r: _get(spec_primary(r.spec), "text", "whitespace_share"),
     ),
-    Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)", _spec(1, MTP_METHOD, "mean_acceptance_length")),
+    Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)",
+           spec_value(1, MTP_METHOD, "mean_acceptance_length")),
     Column("spec_draft_len", "tokens drafted per step", lambda r: r.spec.get("draft_len")),
-    Column("spec_speedup", "measured speedup over our plain greedy (bs=1, median of repeats)", _spec(1, MTP_METHOD, "speedup")),
+    Column("spec_speedup", "measured speedup over our plain greedy (bs=1, median of repeats)",
+           spec_value(1, MTP_METHOD, "speedup")),
     Column(
         "spec_speedup_lo",
         "95% interval of the median over this run's timed repeats, lower end",
@@ -386,19 +366,19 @@ COLUMNS: list[Column] = [
     Column(
         "spec_ideal_speedup",
         "MAL · T_step / (T_verify + Σ T_draft) from measured parts (bs=1)",
-        _spec(1, MTP_METHOD, "ideal_speedup"),
+        spec_value(1, MTP_METHOD, "ideal_speedup"),
     ),
-    Column("spec_tokens_per_s", "MTP speculative decoding tokens/s (bs=1)", _spec(1, MTP_METHOD, "tokens_per_s")),
-    Column("greedy_tokens_per_s", "our plain greedy decoding tokens/s (bs=1)", _spec(1, GREEDY_METHOD, "tokens_per_s")),
+    Column("spec_tokens_per_s", "MTP speculative decoding tokens/s (bs=1)", spec_value(1, MTP_METHOD, "tokens_per_s")),
+    Column("greedy_tokens_per_s", "our plain greedy decoding tokens/s (bs=1)", spec_value(1, GREEDY_METHOD, "tokens_per_s")),
     Column(
         "hf_generate_tokens_per_s",
         "Hugging Face generate, greedy, same weights: tokens/s (bs=1)",
-        _spec(1, "hf_generate", "tokens_per_s"),
+        spec_value(1, "hf_generate", "tokens_per_s"),
     ),
     Column(
         "hf_prompt_lookup_tokens_per_s",
         "Hugging Face prompt-lookup decoding: tokens/s (bs=1)",
-        _spec(1, "hf_prompt_lookup", "tokens_per_s"),
+        spec_value(1, "hf_prompt_lookup", "tokens_per_s"),
     ),
     Column("eval_s", "wall time of the eval stage (s)", lambda r: _get(r.log, "stages", "eval", "seconds")),
     Column("specbench_s", "wall time of the specbench stage (s)", lambda r: _get(r.log, "stages", "specbench", "seconds")),
@@ -464,7 +444,7 @@ def summary_row(run: RunFolder) -> dict[str, Any]:
 def run_folders(results_dir: Path) -> list[RunFolder]:
     """Run folders that hold a run.json, in recipe order when the lock says it, else by name."""
     runs_dir = Path(results_dir) / RUNS
-    found = sorted(p for p in runs_dir.glob("*") if (p / "run.json").is_file()) if runs_dir.is_dir() else []
+    found = sorted(p for p in runs_dir.glob("*") if (p / RUN_JSON).is_file()) if runs_dir.is_dir() else []
     order = variant_order(results_dir)
     folders = [RunFolder(p) for p in found]
     return sorted(folders, key=lambda r: (order.get(r.variant, len(order)), r.variant, r.seed))

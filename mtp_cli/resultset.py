@@ -1,4 +1,4 @@
-"""The results model: one ablation's stored results loaded once, for the tables (report.py) and the
+"""The results model: one ablation's stored results loaded once, for the tables (the report package) and the
 plots (plots.py) alike. Runs per variant and seed, their summary rows, per-item series (HumanEval
 problems, GSM8K questions, held-out windows) and specbench conditions. Anything a run did not
 store reads as None, so older results render with "not measured" instead of failing.
@@ -16,6 +16,7 @@ import pandas as pd
 
 from mtp_cli import results, seed_stats, stats
 from mtp_cli.errors import UserError
+from mtp_cli.result_docs import ci_key
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ class ResultSet:
 
     def spec_by_batch(self, variant: str, condition: str | None = None) -> list[tuple[int, dict, int]]:
         """[(batch size, {method: metrics}, runs)] of a variant in one condition: one run's numbers, or
-        their means over seeds, where every stored interval (`<key>_ci`) becomes a t-interval over seeds.
+        their means over seeds, where every stored interval (`<key>_ci95`) becomes a t-interval over seeds.
         Speed-ups (`RATIO_KEYS`) are pooled on the log scale instead: the geometric mean, its t-interval
         over seeds (never below 0) and the seeds' own values (`<key>_seeds`)."""
         per_bs: dict[int, list[dict]] = {}
@@ -227,11 +228,10 @@ class ResultSet:
                         continue
                     if key in RATIO_KEYS:
                         centre, lo, hi = seed_stats.log_t_interval([float(x) for x in vals])
-                        merged[name].update({key: centre, f"{key}_ci": [lo, hi], f"{key}_seeds": [float(x) for x in vals]})
-                        merged[name].pop(f"{key}_ci95", None)
-                    elif f"{key}_ci" in ms[0]:
+                        merged[name].update({key: centre, ci_key(key): [lo, hi], f"{key}_seeds": [float(x) for x in vals]})
+                    elif ci_key(key) in ms[0]:
                         _, lo, hi = stats.t_interval([float(x) for x in vals])
-                        merged[name][f"{key}_ci"] = [lo, hi]
+                        merged[name][ci_key(key)] = [lo, hi]
             out.append((bs, merged, len(all_methods)))
         return out
 

@@ -29,8 +29,9 @@ import torch.distributed as dist
 
 from mtp_cli.errors import UserError
 from mtp_cli.files import atomic_write_text
+from mtp_cli.run_files import SHARDED
 
-FOLDER = "sharded"
+FOLDER = SHARDED
 LATEST = "latest.json"
 EXTRA = "extra.pt"
 

@@ -72,7 +72,7 @@ def init_distributed(device_name: str) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), info.local_rank)
 
 
-def _check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool:
+def check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool:
     """Validate the output folder; returns True when a checkpoint should be resumed."""
     run_json = out / ckpt.RUN_JSON
     if not out.exists() or not any(p.name != "jobs.json" for p in out.iterdir()):  # jobs.json: mtp_cli.launch
@@ -212,7 +212,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     segment_t0 = time.perf_counter()
     source, ddp, device = _check_recipe(recipe)
     out = Path(out)
-    do_resume = _on_every_rank(ddp, _check_out_dir(out, recipe, resume, force) if ddp.main else False)
+    do_resume = _on_every_rank(ddp, check_out_dir(out, recipe, resume, force) if ddp.main else False)
     data = _prepare_data(recipe, ddp, source, show_progress)
     out.mkdir(parents=True, exist_ok=True)  # only once the data is known to be usable: a refusal leaves no folder
     model, optimizer = _build_model(recipe, source, device, ddp)
@@ -377,7 +377,7 @@ class _Training:
         x, y = shards.train_batch(self.data.train, step, t.order_seed, t.batch_size, recipe.model.context,
                                   self.ddp.rank, self.ddp.world)
         x, y = x.to(self.device), y.to(self.device)
-        losses = _accumulate(self.forward_model, self.model, x, y, lam, t.grad_accum, self.mem_efficient, self.ddp,
+        losses = accumulate(self.forward_model, self.model, x, y, lam, t.grad_accum, self.mem_efficient, self.ddp,
                              self.autocast)
         if not all(math.isfinite(v) for v in losses.values()):
             raise UserError(f"loss is {losses['loss']} at step {step + 1}: training stopped, the last good "
@@ -501,7 +501,7 @@ def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: DistInf
         write_json(out / ckpt.RUN_JSON, {**summary, "status": status, "step": step})
 
 
-def _accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,
+def accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,
                 accum: int, mem_efficient: bool, ddp: DistInfo, autocast) -> dict[str, float]:
     """Forward+backward over `accum` micro-batches; returns the step's losses. Each loss (main, and each
     extra k) is its sum over this rank's valid targets divided by the count of valid targets in the

@@ -24,11 +24,13 @@ sys.path.insert(0, str(REPO))
 
 def timed_eval(run: Path, task: str, limit: int | None, gsm8k_data: Path, out: Path,
                compile: bool | None = None) -> tuple[float, dict]:
+    from mtp_cli.config import EvalConfig, Runtime
     from mtp_cli.evals.runner import run_eval
 
     t0 = time.perf_counter()
-    doc = run_eval(run, tasks=(task,), limit=limit, gsm8k_data=gsm8k_data, json_path=out / f"{task}.json",
-                   show_progress=False, compile=compile)
+    cfg = EvalConfig(tasks=[task], limits={task: limit or 0}, gsm8k_data=str(gsm8k_data or "hub"),
+                     gsm8k_fewshot=None)
+    doc = run_eval(run, cfg, Runtime(compile=compile), json_path=out / f"{task}.json", show_progress=False)
     return time.perf_counter() - t0, doc["results"][task]
 
 

@@ -3,7 +3,7 @@
 `torchrun --nproc_per_node 2 tests/fsdp_worker.py OUT.pt` builds micro models (NTP tied and untied,
 sequential D=2, parallel n=3), gives them one global batch whose targets are partly IGNORE (-100), unevenly: rank 0's
 rows hold far fewer valid targets than rank 1's, for the main loss and for every depth. Each model
-makes one `train._accumulate` step on its rank's half, through DDP and through FSDP2 (gloo), and
+makes one `train.accumulate` step on its rank's half, through DDP and through FSDP2 (gloo), and
 rank 0 saves every parameter's whole gradient and the step's losses to OUT.pt, with the batch, for the
 test to compare against one process on the whole batch.
 """
@@ -22,7 +22,7 @@ from mtp_cli.config import ModelConfig, MTPConfig
 from mtp_cli.dist import DistInfo
 from mtp_cli.model import MTPModel
 from mtp_cli.model.loss import IGNORE
-from mtp_cli.train import _accumulate
+from mtp_cli.train import accumulate
 
 MODEL = dict(vocab_size=97, n_layers=3, d_model=32, n_heads=2, ffn_hidden=64, context=16, zero_init_residual=False)
 CASES = {"ntp": (MTPConfig(objective="ntp"), {}),
@@ -77,7 +77,7 @@ def main(path: str) -> None:
                 forward_model = model
             else:
                 forward_model = DDP(model)
-            losses = _accumulate(forward_model, model, xr, yr, 0.3, ACCUM, mem_efficient, ddp, contextlib.nullcontext)
+            losses = accumulate(forward_model, model, xr, yr, 0.3, ACCUM, mem_efficient, ddp, contextlib.nullcontext)
             norm = parallel.clip_grad_norm(model.parameters(), 1e9)
             results[f"{name}/{mode}"] = {"grads": full_grads(model), "losses": losses, "grad_norm": norm,
                                          "tied": model.trunk.unembed_weight is model.trunk.embed_tokens.weight,

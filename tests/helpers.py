@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from mtp_cli.config import DataConfig, ModelConfig, MTPConfig, Recipe, TrainConfig
+from mtp_cli.decode.generate import probs_from_logits
 from mtp_cli.decode.speculative import Drafter
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -256,3 +257,26 @@ class OracleDrafter(Drafter):
 
     def select(self, rows: Tensor) -> None:
         self.ids = self.ids[rows]
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's goodness of fit; categories expecting fewer than `min_expected` are pooled."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= min_expected
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    stat = ((obs - exp) ** 2 / exp).sum()
+    df = len(obs) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat.double() / 2))
+
+
+def first_two_token_law(trunk, prompt, temperature):
+    """Exact law of generated tokens 1 and 2 under plain sampling: p(t1) and sum_t1 p(t1) p(t2 | t1)."""
+    with torch.no_grad():
+        p1 = probs_from_logits(trunk(torch.tensor([prompt]))[0, -1], temperature).double()
+        V = p1.shape[0]
+        batch = torch.cat([torch.tensor([prompt]).expand(V, -1), torch.arange(V)[:, None]], 1)
+        p2 = probs_from_logits(trunk(batch)[:, -1], temperature).double()
+    return p1, p1 @ p2

@@ -1,6 +1,6 @@
 """A results folder written from planted numbers, in the stored formats the report reads (eval.json
-with per-item files, specbench.json schema 2), so the report's statistics can be checked against
-values known in advance. Nothing here trains or evaluates."""
+with per-item files, specbench.json), written through their typed schemas (mtp_cli/result_docs.py), so
+the report's statistics can be checked against values known in advance. Nothing here trains or evaluates."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+
+from mtp_cli.result_docs import EvalDoc, SpecbenchDoc, write_eval, write_spec
 
 COMMIT = "c0ffee" + "0" * 34
 VARIANTS = {"ntp": "ntp", "seq-d1": "sequential"}
@@ -52,9 +54,11 @@ def make_results(root: Path, seeds=(0, 1), shift: float = -0.05, seed_offsets: d
                 "recipe": {"mtp": {"depth": 1, "lambda": 0.3, "mtp_input": "post-norm"},
                            "train": {"batch_size": 4, "seed": seed}, "model": dict(MODEL)},
                 "lambda": 0.3, "params": {"trunk": 1000, "mtp": 0 if objective == "ntp" else 200}}))
-            (run / "eval.json").write_text(json.dumps({"git_commit": COMMIT, "context": 64,
-                                                       "results": _eval(run, variant, seed, shift, seed_offsets, per_item)}))
-            (run / "specbench.json").write_text(json.dumps(_spec(variant, seed, degenerate)))
+            results = _eval(run, variant, seed, shift, seed_offsets, per_item)
+            write_eval(run / "eval.json", EvalDoc(run=str(run), step=10, objective=objective, export=None, context=64,
+                                                  tasks=list(results), limits={t: None for t in results}, seconds={},
+                                                  hardware={}, git_commit=COMMIT, results=results))
+            write_spec(run / "specbench.json", SpecbenchDoc(**_spec(variant, seed, degenerate)))
     return folder
 
 
@@ -99,8 +103,8 @@ def _condition(name: str, source: str, seed: int, rate: float, mtp: bool, degene
     acc, drafted = sum(p["accepted"] for p in rows), sum(p["drafted"] for p in rows)
     methods = {"greedy": {"tokens_per_s": 100.0, "speedup": 1.0, "lossless": True}}
     if mtp:
-        methods["mtp"] = {"tokens_per_s": 120.0, "speedup": 1.2, "speedup_ci": [1.1, 1.3], "lossless": True,
-                          "acceptance_rate": acc / drafted, "acceptance_rate_ci": [acc / drafted - 0.05, acc / drafted + 0.05],
+        methods["mtp"] = {"tokens_per_s": 120.0, "speedup": 1.2, "speedup_ci95": [1.1, 1.3], "lossless": True,
+                          "acceptance_rate": acc / drafted, "acceptance_rate_ci95": [acc / drafted - 0.05, acc / drafted + 0.05],
                           "mean_acceptance_length": 1 + acc / drafted, "per_position_acceptance": [acc / drafted],
                           "per_prompt": rows, "ideal_speedup": 1.4, "t_forward_step_s": 0.002 + 0.0002 * seed,
                           "t_verify_by_k_s": {"1": 0.0022 + 0.0002 * seed}, "t_draft_s": 0.0008}
@@ -111,7 +115,10 @@ def _condition(name: str, source: str, seed: int, rate: float, mtp: bool, degene
 
 def _spec(variant: str, seed: int, degenerate: float) -> dict:
     mtp = variant != "ntp"
-    return {"schema": 2, "objective": VARIANTS[variant], "draft_len": 1, "primary": "heldout-greedy",
+    return {"run": variant, "step": 10, "objective": VARIANTS[variant], "depth": 1 if mtp else None, "heads": None,
+            "mtp_input": "post-norm" if mtp else None, "max_new_tokens": 16, "batch_sizes": [1], "repeats": 1,
+            "interval": "planted", "acceptance_interval": "planted", "params": {}, "no_mtp_reason": None, "peers": {},
+            "environment": {}, "git_commit": COMMIT, "draft_len": 1, "primary": "heldout-greedy",
             "draft_vocab": {"size": 256, "vocab_size": 1024, "training_share": 0.8} if mtp else None,
             "conditions": [_condition("heldout-greedy", "heldout", seed, 0.6, mtp, degenerate),
                            _condition("humaneval-greedy", "humaneval", seed, 0.3, mtp, 0.1)]}

@@ -186,7 +186,7 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     assert speculative_generate(model, [first], 12, compile=True) == generate(model.trunk, [first], 12)
     assert compiled_graphs() == fused_graphs, "the fused step, fed its own output, recompiled"
     engine = engine_for(model.trunk, model, compile=True)
-    assert engine._row_step is not None and engine.compile_s > 0
+    assert engine.row_step is not None and engine.compile_s > 0
     with torch.no_grad():
         cache, _, _, _ = prefill(engine, [first], 256)
         engine.step(torch.tensor([[3]]), cache)  # this engine's own one-token graph (its weights are constants)
@@ -203,7 +203,7 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     assert compiled_graphs() == graphs, "the one-row compiled forwards recompiled"
     broken = {**counters["graph_break"], **counters["unimplemented"]}  # a break can fall back to eager silently
     assert not broken, list(broken)
-    assert len(engine._fused) == 1 and all(compiled is not None for _, compiled in engine._fused.values())
+    assert len(engine.fused_steps) == 1 and all(compiled is not None for _, compiled in engine.fused_steps.values())
     # the weights were frozen into those graphs for their calls only: a training model's compiled
     # blocks, validated under no_grad, must keep reading their changing weights
     assert torch._inductor.config.freezing is False
@@ -224,7 +224,7 @@ def test_compiled_speculative_is_lossless_on_trained_runs(tiny_runs, objective, 
 
 @pytest.mark.slow
 def test_compiled_sampling_preserves_the_distribution(tiny_runs):
-    from test_speculative import _chi_square_pvalue, _first_two_token_law
+    from helpers import chi_square_pvalue, first_two_token_law
 
     from mtp_cli.checkpoint import load_run
     from mtp_cli.decode.speculative import SpecStats, speculative_generate
@@ -232,7 +232,7 @@ def test_compiled_sampling_preserves_the_distribution(tiny_runs):
     run = load_run(tiny_runs["sequential"])
     prompt = run.tokenizer.encode("def split(s, sep=None):\n    ")
     temperature, n = 0.8, 4000
-    p1, p2 = _first_two_token_law(run.model.trunk, prompt, temperature)
+    p1, p2 = first_two_token_law(run.model.trunk, prompt, temperature)
     stats = SpecStats(2)
     out = speculative_generate(run.model, [prompt] * n, 2, draft_len=2, temperature=temperature,
                                generator=torch.Generator().manual_seed(0), stats=stats, compile=True)
@@ -240,12 +240,12 @@ def test_compiled_sampling_preserves_the_distribution(tiny_runs):
     V = p1.shape[0]
     c1 = torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double()
     c2 = torch.bincount(torch.tensor([o[1] for o in out]), minlength=V).double()
-    assert _chi_square_pvalue(c1, p1) > 1e-3 and _chi_square_pvalue(c2, p2) > 1e-3
+    assert chi_square_pvalue(c1, p1) > 1e-3 and chi_square_pvalue(c2, p2) > 1e-3
     plain = generate(run.model.trunk, [prompt] * n, 2, temperature=temperature,
                      generator=torch.Generator().manual_seed(1), compile=True)
     c1 = torch.bincount(torch.tensor([o[0] for o in plain]), minlength=V).double()
     c2 = torch.bincount(torch.tensor([o[1] for o in plain]), minlength=V).double()
-    assert _chi_square_pvalue(c1, p1) > 1e-3 and _chi_square_pvalue(c2, p2) > 1e-3
+    assert chi_square_pvalue(c1, p1) > 1e-3 and chi_square_pvalue(c2, p2) > 1e-3
 
 
 @pytest.mark.parametrize("flags", [["--no-compile"], pytest.param(["--compile"], marks=pytest.mark.slow)])

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mtp_cli.checkpoint import load_run
+from mtp_cli.config import EVAL_TASKS, EvalConfig, Runtime
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout, runner
 
@@ -59,8 +60,8 @@ def test_run_eval_writes_the_documented_json(tiny_runs, tmp_path):
     json_path = tmp_path / "out" / "eval.json"
     text = tmp_path / "text.txt"
     text.write_text((REPO / "mtp_cli" / "stats.py").read_text())
-    doc = runner.run_eval(tiny_runs["sequential"], limit=2, gsm8k_data=GSM8K_DATA, text=text, json_path=json_path,
-                          show_progress=False)
+    cfg = EvalConfig(limits={t: 2 for t in EVAL_TASKS}, gsm8k_data=str(GSM8K_DATA), gsm8k_fewshot=None)
+    doc = runner.run_eval(tiny_runs["sequential"], cfg, text=text, json_path=json_path, show_progress=False)
     assert json.loads(json_path.read_text())["results"] == json.loads(json.dumps(doc["results"]))
     res = doc["results"]
     h, g, ho = res["humaneval"], res["gsm8k"], res["heldout"]
@@ -106,13 +107,23 @@ def test_heldout_matches_the_training_validation_on_the_same_windows(tiny_runs):
 
 
 def test_limits_and_tasks_are_validated():
-    assert runner.parse_tasks("heldout, gsm8k") == ["heldout", "gsm8k"]
-    with pytest.raises(UserError, match="unknown eval task mmlu"):
-        runner.parse_tasks("heldout,mmlu")
-    assert runner.parse_limits({"humaneval": 0, "gsm8k": 5}, ["humaneval", "gsm8k", "heldout"]) == \
-        {"humaneval": None, "gsm8k": 5, "heldout": None}
-    with pytest.raises(UserError):
-        runner.parse_limits(-1, ["heldout"])
+    assert runner.parse_tasks("heldout, gsm8k,heldout") == ["heldout", "gsm8k"]
+    with pytest.raises(UserError, match="unknown eval task 'mmlu'"):
+        EvalConfig(tasks=runner.parse_tasks("heldout,mmlu")).validate()
+    with pytest.raises(UserError, match="no eval task"):
+        EvalConfig(tasks=runner.parse_tasks(" , ")).validate()
+    cfg = EvalConfig(tasks=["humaneval", "gsm8k", "heldout"], limits={"humaneval": 0, "gsm8k": 5})
+    cfg.validate()
+    assert [cfg.limit(t) for t in cfg.tasks] == [None, 5, None]
+    with pytest.raises(UserError, match="--limit"):
+        EvalConfig(tasks=["heldout"], limits={"heldout": -1}).validate()
+    for samples, temperature, message in ((0, 0.0, "--samples"), (1, -0.5, "--temperature"), (4, 0.0, "--temperature")):
+        with pytest.raises(UserError, match=message):
+            EvalConfig(samples=samples, temperature=temperature).validate()
+    with pytest.raises(UserError, match="--device"):
+        Runtime(device="tpu").validate()
+    with pytest.raises(UserError, match="--threads must be >= 1"):
+        Runtime(threads=0).validate()
 
 
 def test_cli_export_generate_and_heldout_eval(tiny_runs, tmp_path):
@@ -146,7 +157,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, capsys, monke
     one_line_error(run("export", empty, "--out", tmp_path / "x"), "no checkpoint")
     one_line_error(run("generate", empty, "--prompt", "x"), "no checkpoint")
     one_line_error(run("eval", tmp_path / "missing", "--tasks", "heldout"), "not found")
-    one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "humaneval,mmlu"), "unknown eval task mmlu")
+    one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "humaneval,mmlu"), "unknown eval task 'mmlu'")
     one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--gsm8k-data", tmp_path), "train.jsonl")
     one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "heldout", "--text", tmp_path / "nope.txt"), "--text")
     one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "humaneval", "--samples", "4"), "--temperature")

@@ -13,6 +13,7 @@ import torch
 from helpers import cli_in_process
 
 from mtp_cli.checkpoint import load_run
+from mtp_cli.config import EvalConfig
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.decode.batching import encode, generate_ids
 from mtp_cli.errors import UserError
@@ -144,8 +145,8 @@ def test_gsm8k_gold_requests_are_lm_evals_own(tmp_path):
 def test_run_eval_writes_the_contract(tiny_runs, tmp_path):
     """eval.json's gold / context / items keys, and per-item files that add up to the reported figures."""
     json_path = tmp_path / "eval.json"
-    runner.run_eval(tiny_runs["ntp"], limit={"humaneval": 2, "gsm8k": 2, "heldout": 3}, gsm8k_data=GSM8K_DATA,
-                          json_path=json_path, show_progress=False, gsm8k_fewshot=1)
+    cfg = EvalConfig(limits={"humaneval": 2, "gsm8k": 2, "heldout": 3}, gsm8k_data=str(GSM8K_DATA), gsm8k_fewshot=1)
+    runner.run_eval(tiny_runs["ntp"], cfg, json_path=json_path, show_progress=False)
     res = json.loads(json_path.read_text())["results"]
     h, g, ho = res["humaneval"], res["gsm8k"], res["heldout"]
     for task in (h, g):

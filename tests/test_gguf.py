@@ -213,13 +213,14 @@ def test_eval_hf_and_train_init_from_a_gguf_file(files, tmp_path, capsys, monkey
     `mtp train --init-from file.gguf` through a recipe records the file and its hash in run.json."""
     from helpers import TINY_FILES, cli_in_process
 
+    from mtp_cli.config import EvalConfig
     from mtp_cli.evals.runner import hf_run, run_eval
 
     path = files["untied"]
     recipe_file = tmp_path / "r.toml"
     recipe_file.write_text(f"[model]\ncontext = 48\n[data]\nsource = 'files'\npaths = {json.dumps(TINY_FILES)}\n")
-    doc = run_eval(tasks="heldout", limit=3, hf=str(path), recipe=str(recipe_file), json_path=tmp_path / "e.json",
-                   show_progress=False)
+    doc = run_eval(None, EvalConfig(tasks=["heldout"], limits={"heldout": 3}), hf=str(path), recipe=str(recipe_file),
+                   json_path=tmp_path / "e.json", show_progress=False)
     run, _ = hf_run(str(path), str(recipe_file))
     val = corpus.prepare_for(run.recipe).val
     ids = torch.from_numpy(val[:3 * 48 + 1].astype("int64"))

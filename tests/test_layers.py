@@ -14,7 +14,7 @@ PACKAGE = REPO / "mtp_cli"
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["mtp_cli", "mtp_cli.errors", "mtp_cli.paths", "mtp_cli.env", "mtp_cli.ui", "mtp_cli.stats",
-              "mtp_cli.run_clock", "mtp_cli.outputs", "mtp_cli.tables", "mtp_cli.claims", "mtp_cli.dist",
+              "mtp_cli.run_clock", "mtp_cli.outputs", "mtp_cli.tables", "mtp_cli.claims", "mtp_cli.dist", "mtp_cli.run_files",
               "mtp_cli.files"]),
     ("config", ["mtp_cli.config", "mtp_cli.conditions", "mtp_cli.schedule"]),
     ("data", ["mtp_cli.data"]),
@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("evals", ["mtp_cli.evals"]),
     ("run", ["mtp_cli.train", "mtp_cli.tracking", "mtp_cli.bench"]),
     ("results", ["mtp_cli.results", "mtp_cli.resultset", "mtp_cli.cost", "mtp_cli.seed_stats", "mtp_cli.compare",
-                 "mtp_cli.comparisons", "mtp_cli.report_format", "mtp_cli.report_deltas", "mtp_cli.plots",
+                 "mtp_cli.comparisons", "mtp_cli.plots",
                  "mtp_cli.report"]),
     ("grid", ["mtp_cli.grid"]),
     ("launch", ["mtp_cli.launch"]),

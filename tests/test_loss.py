@@ -308,7 +308,7 @@ def test_lambda_schedule_edges():
     assert [never.weight_at(s, 10) for s in range(10)] == [0.3] * 10
 
 
-# ---- ignored targets and the global normaliser (train._accumulate across ranks) ------------------------
+# ---- ignored targets and the global normaliser (train.accumulate across ranks) ------------------------
 
 def test_valid_counts_per_offset():
     y = torch.tensor([[1, L.IGNORE, 2, 3], [L.IGNORE, L.IGNORE, 4, L.IGNORE]])

@@ -67,7 +67,7 @@ def causality_violations(model: MTPModel, idx: torch.Tensor, j: int) -> list[str
     with torch.no_grad():
         runs = []
         for ids in (idx, changed):
-            hidden, extras = model._hidden_states(ids)
+            hidden, extras = model.hidden_states(ids)
             runs.append(([hidden, *extras], model.all_logits(ids)))
     for what, index in (("hidden", 0), ("logits", 1)):
         for k, (a, b) in enumerate(zip(runs[0][index], runs[1][index])):

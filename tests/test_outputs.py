@@ -210,7 +210,7 @@ def test_the_cached_peak_is_raised_to_what_training_reached(tmp_path):
     from mtp_cli import env
 
     cpu = torch.device("cpu")
-    (tmp_path / env.PEAK_CACHE).write_text(json.dumps({env._peak_key(cpu, torch.float32): 1e6}))
+    (tmp_path / env.PEAK_CACHE).write_text(json.dumps({env.peak_key(cpu, torch.float32): 1e6}))
     assert env.matmul_peak(cpu, torch.float32, tmp_path) == 1e6
     env.raise_matmul_peak(cpu, torch.float32, tmp_path, 5e9)
     assert env.matmul_peak(cpu, torch.float32, tmp_path) == 5e9
@@ -251,7 +251,7 @@ def test_the_grid_eta_comes_from_the_plan(tmp_path):
     task = view.progress.tasks[0]
     assert task.fields["eta"].startswith("≥ "), "eval and specbench are not yet measured here"
     view.estimates = {key: 10.0 for key in view.estimates}
-    view._show_eta()
+    view.show_eta()
     assert view.progress.tasks[0].fields["eta"] == "0:00:40"  # 4 stages × 10 s, none started
 
 

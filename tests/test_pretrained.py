@@ -306,14 +306,14 @@ def test_eval_hf_heldout_matches_transformers(checkpoints, tmp_path):
     on the same validation windows."""
     from helpers import TINY_FILES
 
-    from mtp_cli.config import load_recipe
+    from mtp_cli.config import EvalConfig, load_recipe
     from mtp_cli.evals.runner import hf_run, run_eval
 
     folder = checkpoints["qwen2-biased-gqa"]
     recipe_file = tmp_path / "r.toml"
     recipe_file.write_text(f"[model]\ncontext = 48\n[data]\nsource = 'files'\npaths = {json.dumps(TINY_FILES)}\n")
-    doc = run_eval(tasks="heldout", limit=3, hf=str(folder), recipe=str(recipe_file), json_path=tmp_path / "e.json",
-                   show_progress=False)
+    doc = run_eval(None, EvalConfig(tasks=["heldout"], limits={"heldout": 3}), hf=str(folder), recipe=str(recipe_file),
+                   json_path=tmp_path / "e.json", show_progress=False)
     assert doc["hf"]["weights_sha256"] == pretrained.weights_hash(folder) and doc["context"] == 48
     run, _ = hf_run(str(folder), str(recipe_file))
     val = corpus.prepare_for(run.recipe).val
@@ -425,7 +425,7 @@ def test_runs_stored_before_these_keys_still_resume(tmp_path):
     """A run.json written before qkv_bias/rope_scaling/init_from/freeze_trunk/self_* existed is the same run."""
     from helpers import micro_recipe
 
-    from mtp_cli.train import _check_out_dir
+    from mtp_cli.train import check_out_dir
 
     recipe = micro_recipe()
     stored = recipe.to_dict()
@@ -434,7 +434,7 @@ def test_runs_stored_before_these_keys_still_resume(tmp_path):
         for key in keys:
             del stored[section][key]
     (tmp_path / "run.json").write_text(json.dumps({"recipe": stored}))
-    assert _check_out_dir(tmp_path, recipe, resume=True, force=False) is False  # same run, no checkpoint yet
+    assert check_out_dir(tmp_path, recipe, resume=True, force=False) is False  # same run, no checkpoint yet
     recipe.model.qkv_bias = True
     with pytest.raises(UserError, match="model.qkv_bias False -> True"):
-        _check_out_dir(tmp_path, recipe, resume=True, force=False)
+        check_out_dir(tmp_path, recipe, resume=True, force=False)

@@ -149,10 +149,10 @@ def test_report_on_planted_results(synth):
 
 def test_parts_table_gives_the_break_even_mal(synth):
     """T_verify / T_step, T_draft / T_step and the break-even MAL, from the seed means of the stored parts."""
-    from mtp_cli.report import _parts_table
+    from mtp_cli.report import parts_table
     from mtp_cli.resultset import load
 
-    table = _parts_table(load(synth), "heldout-greedy")
+    table = parts_table(load(synth), "heldout-greedy")
     (row,) = table.rows  # NTP has no modules: one row
     step, verify, draft = (0.002 + 0.0022) / 2, (0.0022 + 0.0024) / 2, 0.0008  # seed means
     assert row[0] == "seq-d1" and row[2] == f"{step * 1e3:.2f}"

@@ -257,13 +257,13 @@ KILLED_BY_9 = "failed: sandbox child ended without a result (killed by signal 9)
 
 def supervisor_exits(monkeypatch) -> list[int]:
     """The exit status of each check's supervisor, as the harness reaps it, from now on."""
-    codes, finish = [], sandbox._finish
+    codes, finish = [], sandbox.finish
 
     def recording(proc, *args):
         finish(proc, *args)
         codes.append(proc.returncode)
 
-    monkeypatch.setattr(sandbox, "_finish", recording)
+    monkeypatch.setattr(sandbox, "finish", recording)
     return codes
 
 
@@ -392,13 +392,13 @@ def test_reports_are_read_with_bounds_and_trusted_only_before_the_start():
                                               os.close(w)))
     writer.start()
     try:
-        assert sandbox._read_reports(r, time.monotonic() + 5, lambda report: None) == [
+        assert sandbox.read_reports(r, time.monotonic() + 5, lambda report: None) == [
             {"result": "passed", "how": "exit status 0"}]
     finally:
         writer.join()
         os.close(r)
-    assert sandbox._final([{"kill_pid": 1}, {"setup_failed": "mount: EPERM"}]) == {"setup_failed": "mount: EPERM"}
-    late = sandbox._final([{"kill_pid": 1}, {"running": True}, {"setup_failed": "forged"}])
+    assert sandbox.final_report([{"kill_pid": 1}, {"setup_failed": "mount: EPERM"}]) == {"setup_failed": "mount: EPERM"}
+    late = sandbox.final_report([{"kill_pid": 1}, {"running": True}, {"setup_failed": "forged"}])
     assert "setup_failed" not in late and "forged" in late["how"]
 
 

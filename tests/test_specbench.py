@@ -7,14 +7,18 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from helpers import REPO, cli_in_process
 
-from mtp_cli.bench.run import render_table, run_specbench
+from mtp_cli.bench.render import render_table
+from mtp_cli.bench.run import run_specbench
 from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER, load_run
+from mtp_cli.config import SpecbenchConfig
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_prompts
@@ -22,10 +26,10 @@ from mtp_cli.errors import UserError
 from mtp_cli.stats import median_ci, ratio_ci
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci", "speedup", "speedup_ci", "latency_s", "ttft_s", "tpot_s",
+KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "latency_s", "ttft_s", "tpot_s",
         "identical_prompts", "mismatches")
 SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ideal_speedup",
-             "ideal_speedup_ci", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s", "t_prefill_s", "compile_s",
+             "ideal_speedup_ci95", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s", "t_prefill_s", "compile_s",
              "t_verify_by_k_s", "verify_over_step_by_k")
 
 
@@ -39,11 +43,12 @@ def only(report: dict) -> dict:
 
 
 def test_sequential_report(tiny_runs, tmp_path):
-    report = run_specbench(tiny_runs["sequential"], limit=3, max_new_tokens=12, batch_sizes=(1, 2), repeats=2,
-                           draft_len=3, draft_run=tiny_runs["ntp"], json_path=tmp_path / "s.json", show_progress=False)
+    cfg = SpecbenchConfig(limit=3, max_new_tokens=12, batch_sizes=[1, 2], repeats=2, draft_len=3)
+    report = run_specbench(tiny_runs["sequential"], cfg, draft_run=tiny_runs["ntp"], json_path=tmp_path / "s.json",
+                           show_progress=False)
     assert json.loads((tmp_path / "s.json").read_text()) == json.loads(json.dumps(report))
     assert report["draft_len"] == 3 and report["no_mtp_reason"] is None
-    assert report["schema"] == 2 and report["primary"] == "humaneval-greedy"
+    assert report["schema"] == 3 and report["primary"] == "humaneval-greedy"
     cond = only(report)
     assert cond["name"] == "humaneval-greedy" and cond["temperature"] == 0 and cond["prompts"]["count"] == 3
     assert set(cond["results"]) == {"1", "2"}
@@ -72,7 +77,7 @@ def test_sequential_report(tiny_runs, tmp_path):
     assert re.fullmatch(r"[0-9a-f]{40}", report["git_commit"])  # the report credits the code that measured it
     from rich.console import Console
 
-    from mtp_cli.bench.run import render_table
+    from mtp_cli.bench.render import render_table
     console = Console(width=250, record=True)
     console.print(render_table(report))
     text = " ".join(console.export_text().split())
@@ -80,8 +85,8 @@ def test_sequential_report(tiny_runs, tmp_path):
 
 
 def test_parallel_report(tiny_runs, tmp_path):
-    report = run_specbench(tiny_runs["parallel"], limit=2, max_new_tokens=10, repeats=1, json_path=tmp_path / "p.json",
-                           show_progress=False)
+    report = run_specbench(tiny_runs["parallel"], SpecbenchConfig(limit=2, max_new_tokens=10, repeats=1),
+                           json_path=tmp_path / "p.json", show_progress=False)
     m = only(report)["results"]["1"]["mtp"]
     assert report["draft_len"] == 2 and m["lossless"] and len(m["per_position_acceptance"]) == 2
     # one row, greedy: verification and drafting ran as one call, timed in the loop and alone
@@ -92,7 +97,7 @@ def test_parallel_report(tiny_runs, tmp_path):
 def test_ntp_report_measures_baseline_and_peers_only(tiny_runs, tmp_path):
     run = tmp_path / "ntp"
     shutil.copytree(tiny_runs["ntp"], run)
-    report = run_specbench(run, limit=2, max_new_tokens=8, repeats=1, show_progress=False)
+    report = run_specbench(run, SpecbenchConfig(limit=2, max_new_tokens=8, repeats=1), show_progress=False)
     assert (run / "specbench.json").is_file()  # the default place
     assert set(only(report)["results"]["1"]) == {"greedy", "hf_generate", "hf_prompt_lookup"}
     assert "no MTP modules" in report["no_mtp_reason"] and report["draft_len"] is None
@@ -127,14 +132,14 @@ def _bad(tiny_runs, tmp_path):
         "negative temperature": (["--temperatures", "0,-1"], "temperatures must be finite numbers >= 0"),
         "temperature not a number": (["--temperatures", "hot"], "--temperatures expects"),
         "primary not measured": (["--primary", "heldout-greedy"], "primary condition 'heldout-greedy' is not measured"),
-        "batch size 0": (["--batch-sizes", "1,0"], "batch sizes must be"),
+        "batch size 0": (["--batch-sizes", "1,0"], "(--batch-sizes) must be"),
         "batch sizes not numbers": (["--batch-sizes", "one"], "--batch-sizes expects"),
         "draft with another tokenizer": (["--draft", other], "another tokenizer"),
         "gsm8k without data": (["--prompts", "gsm8k", "--gsm8k-data", tmp_path / "no-gsm8k"], "no GSM8K test split"),
         "gsm8k prompts from the hub": (["--prompts", "gsm8k", "--gsm8k-data", "hub"], "not the hub"),
         "jsonl without prompt": (["--prompts", bad_jsonl], "no string field 'prompt'"),
-        "repeats 0": (["--repeats", "0"], "--repeats must be >= 1"),
-        "unknown peers scope": (["--peers", "some"], "--peers must be one of"),
+        "repeats 0": (["--repeats", "0"], "(--repeats) must be >= 1"),
+        "unknown peers scope": (["--peers", "some"], "(--peers) must be one of"),
         "draft len too long for heads": (["--draft-len", "5"], None),
         "no room for the prompt": (["--max-new-tokens", "64"], "leaves no room for a prompt"),
         "missing run": (None, "run folder not found"),
@@ -235,11 +240,12 @@ def test_cut_windows_spreads_over_documents():
 
 
 def test_conditions_report(tiny_runs, tmp_path):
-    report = run_specbench(tiny_runs["sequential"], prompts="heldout", temperatures=(0, 0.8), limit=4,
-                           max_new_tokens=12, batch_sizes=(1, 2), repeats=1, draft_run=tiny_runs["ntp"],
-                           json_path=tmp_path / "c.json", show_progress=False)
+    cfg = SpecbenchConfig(prompts="heldout", temperatures=[0, 0.8], limit=4, max_new_tokens=12, batch_sizes=[1, 2],
+                          repeats=1)
+    report = run_specbench(tiny_runs["sequential"], cfg, draft_run=tiny_runs["ntp"], json_path=tmp_path / "c.json",
+                           show_progress=False)
     assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(report))
-    assert report["schema"] == 2 and report["primary"] == "heldout-greedy" and "results" not in report
+    assert report["schema"] == 3 and report["primary"] == "heldout-greedy" and "results" not in report
     vocab = report["draft_vocab"]  # the default: a quarter of the vocabulary, the most frequent training tokens
     assert vocab["size"] == vocab["vocab_size"] // 4 and 0.25 < vocab["training_share"] < 1
     greedy, sampled = report["conditions"]
@@ -270,7 +276,7 @@ def test_conditions_report(tiny_runs, tmp_path):
             assert len(units) == (4 if bs == "1" else 2)
             for key in ("accepted", "drafted", "steps"):
                 assert sum(u[key] for u in units) == m[key]
-            lo, hi = m["acceptance_rate_ci"]
+            lo, hi = m["acceptance_rate_ci95"]
             assert lo <= m["acceptance_rate"] <= hi
     # greedy text is the same at either batch size, so its statistics are too
     assert greedy["results"]["2"]["greedy"]["degenerate_share"] == greedy["text"]["degenerate_share"]
@@ -290,33 +296,45 @@ def test_ratio_ci():
     assert ratio_ci([0], [0]) == [None, None]
 
 
-def test_results_read_schema_1_and_schema_2(tiny_runs, tmp_path):
+def test_results_read_one_schema_and_the_migration_rewrites_the_old_one(tiny_runs, tmp_path):
     from mtp_cli import results
 
-    old = tmp_path / "schema1"  # a specbench.json as the first committed results wrote it
+    old = tmp_path / "schema1"  # a specbench.json as the first committed results wrote it: refused, with the way out
     old.mkdir()
     shutil.copy(REPO / "tests" / "data" / "specbench_schema1.json", old / "specbench.json")
-    committed = results.RunFolder(old)
-    assert committed.spec["schema"] == 1
-    acc = results._spec(1, results.MTP_METHOD, "acceptance_rate")(committed)
-    assert acc == committed.spec["results"]["1"]["mtp"]["acceptance_rate"] and 0 < acc < 1
-    assert set(results.spec_batches(committed.spec)) == {1, 4}
+    with pytest.raises(UserError, match="schema 1, this mtp reads schema 3; rewrite it"):
+        results.RunFolder(old).spec  # noqa: B018
 
     run = tmp_path / "seq"
     shutil.copytree(tiny_runs["sequential"], run)
-    report = run_specbench(run, prompts="humaneval,heldout", limit=2, max_new_tokens=8, repeats=1,
-                           primary="heldout-greedy", peers="primary", show_progress=False)
+    cfg = SpecbenchConfig(prompts="humaneval,heldout", limit=2, max_new_tokens=8, repeats=1, primary="heldout-greedy",
+                          peers="primary")
+    report = run_specbench(run, cfg, show_progress=False)
     folder = results.RunFolder(run)
     primary = results.spec_condition(folder.spec)
     assert primary["name"] == "heldout-greedy" and report["conditions"][1] == primary
     for key in ("acceptance_rate", "speedup", "degenerate_share"):
-        assert results._spec(1, results.MTP_METHOD, key)(folder) == primary["results"]["1"]["mtp"][key]
+        assert results.spec_value(1, results.MTP_METHOD, key)(folder) == primary["results"]["1"]["mtp"][key]
     humaneval = results.spec_condition(folder.spec, "humaneval-greedy")
     assert humaneval["prompts"]["source"] == "humaneval" and results.spec_condition(folder.spec, "nope") == {}
     # --peers primary: the Hugging Face peers are timed in the primary condition only, and say so elsewhere
     assert {"hf_generate", "hf_prompt_lookup"} <= set(primary["results"]["1"])
     assert set(humaneval["results"]["1"]) == {"greedy", "mtp"}
     assert "primary condition only" in humaneval["skipped"]["1"]["hf_generate"]
+    # schema 2 spelled intervals `_ci`: the migration renames them and changes nothing else
+    v2 = tmp_path / "v2.json"
+
+    def spelled_v2(value):
+        if isinstance(value, dict):
+            return {k.removesuffix("95") if k.endswith("_ci95") else k: spelled_v2(v) for k, v in value.items()}
+        return [spelled_v2(v) for v in value] if isinstance(value, list) else value
+
+    stored = json.loads((run / "specbench.json").read_text())
+    v2.write_text(json.dumps(spelled_v2(stored) | {"schema": 2}))
+    assert any(k.endswith("_ci") for k in spelled_v2(primary["results"]["1"]["mtp"]))
+    proc = subprocess.run([sys.executable, REPO / "scripts" / "migrate_specbench_v3.py", v2], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(v2.read_text()) == stored
 
 
 def test_recipe_specbench_section():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import OracleDrafter
+from helpers import OracleDrafter, chi_square_pvalue, first_two_token_law
 
 from mtp_cli import corpus
 from mtp_cli.checkpoint import load_run
@@ -243,35 +243,12 @@ def test_draft_len_is_checked(runs):
         speculative_generate(runs["sequential"].model, [[1, 2]], 4, draft_len=0)
 
 
-def _chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
-    """Pearson's goodness of fit; categories expecting fewer than `min_expected` are pooled."""
-    n = counts.sum()
-    expected = probs * n
-    big = expected >= min_expected
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    obs, exp = obs[exp > 0], exp[exp > 0]
-    stat = ((obs - exp) ** 2 / exp).sum()
-    df = len(obs) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat.double() / 2))
-
-
-def _first_two_token_law(trunk, prompt, temperature):
-    """Exact law of generated tokens 1 and 2 under plain sampling: p(t1) and sum_t1 p(t1) p(t2 | t1)."""
-    with torch.no_grad():
-        p1 = probs_from_logits(trunk(torch.tensor([prompt]))[0, -1], temperature).double()
-        V = p1.shape[0]
-        batch = torch.cat([torch.tensor([prompt]).expand(V, -1), torch.arange(V)[:, None]], 1)
-        p2 = probs_from_logits(trunk(batch)[:, -1], temperature).double()
-    return p1, p1 @ p2
-
-
 @pytest.mark.parametrize("objective", ["sequential", "parallel"])
 def test_speculative_sampling_preserves_the_distribution(runs, objective):
     model = runs[objective].model
     prompt = encode(runs[objective])[0]
     temperature, n = 0.8, 4000
-    p1, p2 = _first_two_token_law(model.trunk, prompt, temperature)
+    p1, p2 = first_two_token_law(model.trunk, prompt, temperature)
     stats = SpecStats(2)
     out = speculative_generate(model, [prompt] * n, 2, draft_len=2, temperature=temperature,
                                generator=torch.Generator().manual_seed(0), stats=stats)
@@ -279,8 +256,8 @@ def test_speculative_sampling_preserves_the_distribution(runs, objective):
     V = p1.shape[0]
     c1 = torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double()
     c2 = torch.bincount(torch.tensor([o[1] for o in out]), minlength=V).double()
-    assert _chi_square_pvalue(c1, p1) > 1e-3
-    assert _chi_square_pvalue(c2, p2) > 1e-3
+    assert chi_square_pvalue(c1, p1) > 1e-3
+    assert chi_square_pvalue(c2, p2) > 1e-3
 
 
 def test_distribution_test_has_power(runs):
@@ -288,7 +265,7 @@ def test_distribution_test_has_power(runs):
     model = runs["sequential"].model
     prompt = encode(runs["sequential"])[0]
     temperature, n = 0.8, 4000
-    _, p2 = _first_two_token_law(model.trunk, prompt, temperature)
+    _, p2 = first_two_token_law(model.trunk, prompt, temperature)
     drafter = make_drafter(model, 1, n, 64)
     with torch.no_grad():
         cache, logits, hidden, shared = prefill(engine_for(model.trunk, model), [prompt] * n, 64)
@@ -300,7 +277,7 @@ def test_distribution_test_has_power(runs):
         drafter.commit(torch.zeros(n, dtype=torch.long), cache.lengths.clone(), hidden, shared)
         drafts, _ = drafter.propose(seq, cache.lengths.clone(), temperature, 1.0, g)
     c2 = torch.bincount(drafts[:, 0], minlength=p2.shape[0]).double()
-    assert _chi_square_pvalue(c2, p2) < 1e-6
+    assert chi_square_pvalue(c2, p2) < 1e-6
 
 
 # ---- the draft vocabulary (decode/draft_vocab.py) ---------------------------------------------------
@@ -337,14 +314,14 @@ def test_sampling_with_a_draft_vocabulary_preserves_the_distribution(runs):
     model = runs["sequential"].model
     prompt = encode(runs["sequential"])[0]
     temperature, n = 0.8, 4000
-    p1, p2 = _first_two_token_law(model.trunk, prompt, temperature)
+    p1, p2 = first_two_token_law(model.trunk, prompt, temperature)
     stats = SpecStats(2)
     out = speculative_generate(model, [prompt] * n, 2, draft_len=2, temperature=temperature, stats=stats,
                                generator=torch.Generator().manual_seed(1), draft_vocab=_small_vocab(runs["sequential"]))
     assert min(stats.accepted, stats.drafted - stats.accepted) > 100
     V = p1.shape[0]
-    assert _chi_square_pvalue(torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double(), p1) > 1e-3
-    assert _chi_square_pvalue(torch.bincount(torch.tensor([o[1] for o in out]), minlength=V).double(), p2) > 1e-3
+    assert chi_square_pvalue(torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double(), p1) > 1e-3
+    assert chi_square_pvalue(torch.bincount(torch.tensor([o[1] for o in out]), minlength=V).double(), p2) > 1e-3
 
 
 def test_top_tokens_and_coverage():

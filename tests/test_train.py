@@ -164,7 +164,7 @@ def test_ctrl_c_in_the_middle_of_a_step_stops_after_that_step(tmp_path, monkeypa
     import signal
 
     recipe = micro_recipe("ntp", steps=6)
-    real = trainer._accumulate
+    real = trainer.accumulate
     calls = []
 
     def accumulate_with_sigint(*args, **kwargs):
@@ -173,7 +173,7 @@ def test_ctrl_c_in_the_middle_of_a_step_stops_after_that_step(tmp_path, monkeypa
             os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "_accumulate", accumulate_with_sigint)
+    monkeypatch.setattr(trainer, "accumulate", accumulate_with_sigint)
     before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN when launched in the background
     with pytest.raises(KeyboardInterrupt):
         run(recipe, tmp_path / "run")

@@ -7,11 +7,19 @@ evals (HumanEval, the lm-eval model class) and `mtp generate` all go through her
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 
+from mtp_cli import env
+from mtp_cli.checkpoint import load_run
+from mtp_cli.config import Runtime
+from mtp_cli.decode.context import generation_budget, generation_cut
+from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.generate import generate, stop_on_strings
+from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
+from mtp_cli.errors import UserError
 
 BATCH_SIZE = 64
 
@@ -52,20 +60,17 @@ def generate_texts(trunk, tokenizer, prompts: Sequence[str], max_new_tokens: int
 
 def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, speculative: bool = False, draft_len: int | None = None,
-             compile: bool | None = None, draft_vocab: int | None = None) -> dict:
-    """`mtp generate`: one completion from a run's trunk. {'text', 'tokens', 'seconds'}, plus the drafting
-    counters under 'speculative' when the run's MTP modules draft (greedy: the same text)."""
-    import time
-
-    from mtp_cli.checkpoint import load_run
-    from mtp_cli.decode.context import generation_budget, generation_cut
-    from mtp_cli.errors import UserError
-
+             draft_vocab: int | None = None, rt: Runtime | None = None) -> dict:
+    """`mtp generate`: one completion from a run's trunk, on `rt`'s device. {'text', 'tokens', 'seconds'},
+    plus the drafting counters under 'speculative' when the run's MTP modules draft (greedy: the same text)."""
+    rt = rt or Runtime()
+    rt.validate()
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0 or not 0 < top_p <= 1:
         raise UserError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {temperature} and {top_p}")
-    run = load_run(run_dir)
+    run = load_run(run_dir, env.use_runtime(rt))
+    compile = rt.compile
     ids = encode(run.tokenizer, prompt)
     if not ids:
         raise UserError("--prompt is empty")
@@ -77,12 +82,9 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
         raise UserError("--draft-len needs --speculative")
     if draft_vocab is not None and not speculative:
         raise UserError("--draft-vocab needs --speculative")
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(run.model.trunk.embed_tokens.weight.device).manual_seed(seed)
     t0 = time.perf_counter()
     if speculative:
-        from mtp_cli.decode.draft_vocab import draft_vocabulary
-        from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
-
         stats = SpecStats(draft_len_for(run.model, draft_len))
         vocab, _ = draft_vocabulary(run, draft_vocab)
         (out,) = speculative_generate(run.model, [ids], max_new_tokens, draft_len=stats.k, temperature=temperature,

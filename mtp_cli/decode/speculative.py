@@ -17,7 +17,7 @@ rows accept different numbers of drafts (ragged) and leave the batch when they f
 
 Drafters:
 - `SequentialDrafter` (DeepSeek-V3 modules): depth d at position j fuses h^{d-1}_j with Emb(x_{j+d})
-  and predicts x_{j+d+1}, exactly the training alignment of `MTPModel._hidden_states`. Each module
+  and predicts x_{j+d+1}, exactly the training alignment of `MTPModel.hidden_states`. Each module
   keeps its own KV cache; every step each depth re-runs the window of positions whose inputs were
   not all committed last step (it used drafts there), so its cache only ever keeps exact states.
   Draft lengths beyond D reuse module D one position further right, its own output standing in

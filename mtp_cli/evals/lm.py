@@ -42,7 +42,7 @@ class MTPLM(TemplateLM):
         self.trunk, self.tokenizer = trunk.eval(), tokenizer
         self.batch_size = int(batch_size)
         self._max_length = int(max_length) if max_length else None
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.generator = torch.Generator(trunk.embed_tokens.weight.device).manual_seed(int(seed))
         self.progress = progress
         self.score_description = "loglikelihood"  # the Rich bar's label while scoring continuations
         self.truncate = truncate
@@ -178,11 +178,11 @@ def score_continuations(trunk, pairs, context: int, pad_id: int, on_done=None) -
         for row, w in enumerate(chunk):
             inp = windows[w][1]
             idx[row, :len(inp)] = torch.tensor(inp, dtype=torch.long)
-        logits = trunk(idx)
+        logits = trunk(idx.to(trunk.embed_tokens.weight.device))
         for row, w in enumerate(chunk):
             i, _inp, offset, targets = windows[w]
             lp = F.log_softmax(logits[row, offset:offset + len(targets)].float(), dim=-1)
-            target = torch.tensor(targets, dtype=torch.long)
+            target = torch.tensor(targets, dtype=torch.long, device=lp.device)
             totals[i] += float(lp.gather(-1, target[:, None]).sum())
             greedy[i] = greedy[i] and bool((lp.argmax(-1) == target).all())
             remaining[i] -= 1

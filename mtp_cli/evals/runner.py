@@ -22,36 +22,27 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from mtp_cli import env, outputs, ui
-from mtp_cli.checkpoint import load_run
-from mtp_cli.config import EVAL_TASKS
+from mtp_cli import env, outputs, paths, ui
+from mtp_cli.checkpoint import LoadedRun, load_run
+from mtp_cli.config import EvalConfig, MTPConfig, Runtime, load_recipe, resolve_recipe_path
+from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
-from mtp_cli.files import write_json
-
-SCHEMA = 1
+from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
+from mtp_cli.evals.lm import MTPLM
+from mtp_cli.model import MTPModel, pretrained
+from mtp_cli.model.hf import ensure_export, load_export
+from mtp_cli.result_docs import EvalDoc, write_eval
+from mtp_cli.run_files import EVAL_JSON
 
 
 def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
+    """`--tasks humaneval,heldout` as a list (unknown names are `EvalConfig.validate`'s to refuse)."""
     names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
-    unknown = [t for t in names if t not in EVAL_TASKS]
-    if unknown or not names:
-        raise UserError(f"unknown eval task {', '.join(unknown) or '(none given)'}; choose from {', '.join(EVAL_TASKS)}")
     return list(dict.fromkeys(names))
-
-
-def parse_limits(limit: int | dict[str, int] | None, tasks: list[str]) -> dict[str, int | None]:
-    """One limit for every task, or a per-task table (0 or missing = all)."""
-    table = limit if isinstance(limit, dict) else {t: limit for t in tasks}
-    out = {}
-    for task in tasks:
-        n = table.get(task)
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-            raise UserError(f"--limit must be a whole number >= 0, got {n!r}")
-        out[task] = n or None
-    return out
 
 
 def samples_path(json_path: Path, task: str, kind: str = "samples") -> Path:
@@ -66,17 +57,12 @@ def write_rows(path: Path, rows) -> str:
 
 def hf_json_path(source: str) -> Path:
     """Where `mtp eval --hf SOURCE` writes by default: results/hf/<source, '/' as '--'>/eval.json."""
-    return Path("results") / "hf" / str(source).strip("/").replace("/", "--") / "eval.json"
+    return Path("results") / "hf" / str(source).strip("/").replace("/", "--") / EVAL_JSON
 
 
 def hf_run(source: str, recipe=None):
     """A checkpoint we did not train, as a run: its trunk (no modules), its tokenizer, and a recipe whose
     [data] (default: the quick recipe's) gives the held-out validation split, tokenized by the checkpoint."""
-    from mtp_cli.checkpoint import LoadedRun
-    from mtp_cli.config import MTPConfig, load_recipe, resolve_recipe_path
-    from mtp_cli.data import tokenizer as toklib
-    from mtp_cli.model import MTPModel, pretrained
-
     pretrained.locate(source, flag="--hf")
     r = load_recipe(recipe or "quick")
     r.train.init_from, r.train.freeze_trunk, r.mtp = str(source), False, MTPConfig()
@@ -86,107 +72,136 @@ def hf_run(source: str, recipe=None):
     return LoadedRun(src.path, r, model.eval(), toklib.load(src.path), 0), src
 
 
-def run_eval(run_dir=None, tasks=("humaneval", "gsm8k", "heldout"), limit=None, gsm8k_data=None, samples=1,
-             temperature=0.0, text=None, json_path=None, show_progress=True, truncate=True,
-             gsm8k_fewshot=None, hf=None, recipe=None, compile=None) -> dict:
-    """Evaluate one run, or with `hf` a Hugging Face checkpoint (folder or Hub id; `recipe` gives its
-    held-out data); writes and returns the eval JSON document. `truncate=False` refuses any eval that
-    would need a prompt cut to stay inside the trained context; `gsm8k_fewshot` defaults to the recipe's
-    eval.gsm8k_fewshot, lowered to the largest count whose prompts fit the trained context.
-    `compile`: the decoder's torch.compile switch (None: the device's default)."""
-    from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
-    from mtp_cli.evals.lm import MTPLM
-    from mtp_cli.model.hf import ensure_export, load_export
+@dataclass
+class _Subject:
+    """What an eval scores: the full run (held-out loss reads its MTP modules too) and the trunk with its
+    tokenizer that generates (the run's export, or the Hugging Face checkpoint's own trunk)."""
 
-    tasks = parse_tasks(tasks)
-    limits = parse_limits(limit, tasks)
+    run: LoadedRun
+    source: object | None  # pretrained.Source for --hf, else None
+    export_dir: Path | None = None
+    trunk: object | None = None
+    tokenizer: object | None = None
+
+    def lm(self, cfg: EvalConfig, rt: Runtime, **more):
+        return MTPLM(trunk=self.trunk, tokenizer=self.tokenizer, truncate=cfg.truncate, compile=rt.compile, **more)
+
+
+def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = None, *, hf: str | None = None,
+             recipe: str | None = None, text: str | Path | None = None, json_path: str | Path | None = None,
+             show_progress: bool = True) -> dict:
+    """Evaluate one run, or with `hf` a Hugging Face checkpoint (folder, Hub id, .gguf or short name;
+    `recipe` gives its held-out data), as `cfg` says, on `rt`'s device; writes and returns the eval JSON
+    document. `cfg.gsm8k_data` is a folder (or "hub") as `paths.gsm8k_folder` reads it; a None
+    `cfg.gsm8k_fewshot` takes the recipe's eval.gsm8k_fewshot, lowered to the largest count whose prompts
+    fit the trained context. Every input is checked before any model work."""
+    rt = rt or Runtime()
+    cfg.validate()
+    rt.validate()
     if (run_dir is None) == (hf is None):
         raise UserError("give a run folder or --hf SOURCE (one of them)")
-    source = None
+    device = env.use_runtime(rt)
+    subject = _load_subject(run_dir, hf, recipe, device)  # a missing or broken run is the first thing to report
+    gsm8k_dir = _preflight(cfg, subject.run, text)
+    run_dir = subject.run.run_dir
+    json_path = outputs.file(Path(json_path) if json_path else hf_json_path(hf) if hf else run_dir / EVAL_JSON, "--json")
+    for task in cfg.tasks:
+        outputs.file(samples_path(json_path, task, "windows" if task == "heldout" else "samples"), "--json")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    _load_trunk(subject, cfg, device)
+    fewshot = _check_contexts(subject, cfg, rt, gsm8k_dir)
+    results: dict = {}
+    seconds: dict = {}
+    with ui.progress(disable=not show_progress) as progress:
+        for task in cfg.tasks:
+            t0 = time.perf_counter()
+            if task == "heldout":
+                results[task] = _heldout(subject.run, cfg, text, json_path, progress)
+            elif task == "humaneval":
+                results[task] = humaneval.run(subject.trunk, subject.tokenizer, samples_path(json_path, task),
+                                              cfg.limit(task), cfg.samples, cfg.temperature, progress=progress,
+                                              truncate=cfg.truncate, compile=rt.compile)
+            else:
+                results[task] = _gsm8k(subject, cfg, rt, gsm8k_dir, fewshot, json_path, progress)
+            seconds[task] = round(time.perf_counter() - t0, 2)
+    doc = EvalDoc(run=subject.source.name if subject.source else str(run_dir), step=subject.run.step,
+                  objective=subject.run.model.objective, hf=subject.source.record() if subject.source else None,
+                  export=str(subject.export_dir) if subject.export_dir else None,
+                  context=subject.run.recipe.model.context, tasks=list(cfg.tasks),
+                  limits={task: cfg.limit(task) for task in cfg.tasks}, seconds=seconds, hardware=env.hardware(),
+                  git_commit=env.git_commit(), results=results)
+    return write_eval(json_path, doc) | {"json_path": str(json_path)}
+
+
+def _load_subject(run_dir, hf: str | None, recipe: str | None, device) -> _Subject:
     if hf is not None:
-        run, source = hf_run(hf, recipe)  # a missing or unsupported checkpoint is the first thing to report
-        run_dir, json_path = run.run_dir, json_path or hf_json_path(hf)
-    else:
-        run_dir = Path(run_dir)
-        run = load_run(run_dir)  # a missing or broken run is the first thing to report
-    if "humaneval" in tasks:
-        humaneval.check_decoding(samples, temperature)
+        run, source = hf_run(hf, recipe)
+        run.model.to(device)
+        return _Subject(run, source)
+    return _Subject(load_run(Path(run_dir), device), None)
+
+
+def _preflight(cfg: EvalConfig, run: LoadedRun, text) -> Path | None:
+    """Checks that need no model work; returns the GSM8K folder (None: the hub)."""
+    gsm8k_dir = None
+    if "humaneval" in cfg.tasks:
         sandbox.detect()  # fails here, not after generating, where no fence can be built
-    if "gsm8k" in tasks:
-        if gsm8k_fewshot is not None:
-            gsm8k.check_fewshot(gsm8k_fewshot)
-        gsm8k_data = gsm8k.preflight(gsm8k_data)
+    if "gsm8k" in cfg.tasks:
+        gsm8k_dir = gsm8k.preflight(paths.gsm8k_folder(cfg.gsm8k_data))
     if text is not None:
         if not Path(text).is_file():
             raise UserError(f"--text {text}: no such file")
         heldout.text_tokens(text, run.tokenizer, run.recipe.model.context)
-    json_path = outputs.file(Path(json_path) if json_path else run_dir / "eval.json", "--json")
-    for task in tasks:
-        outputs.file(samples_path(json_path, task, "windows" if task == "heldout" else "samples"), "--json")
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    export_dir, trunk, tokenizer = None, None, None
-    if source is not None:
-        export_dir, trunk, tokenizer = source.path, run.model.trunk, run.tokenizer
-    elif {"humaneval", "gsm8k"} & set(tasks):
-        export_dir = ensure_export(run_dir)
-        trunk, tokenizer = load_export(export_dir)
-    fewshot = gsm8k_fewshot
-    if "gsm8k" in tasks and fewshot is None:  # the recipe's count, fewer where its prompts would not fit
-        fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=trunk, tokenizer=tokenizer), limits["gsm8k"], gsm8k_data,
-                                        run.recipe.eval.gsm8k_fewshot)
-    if "humaneval" in tasks:  # with truncate off, refusals come before any model work
-        humaneval.check_context(trunk, tokenizer, limits["humaneval"], truncate=truncate)
-    if "gsm8k" in tasks:
-        gsm8k.check_context(MTPLM(trunk=trunk, tokenizer=tokenizer, truncate=truncate), limits["gsm8k"], gsm8k_data,
-                            fewshot)
-    results: dict = {}
-    seconds: dict = {}
-    with ui.progress(disable=not show_progress) as progress:
-        for task in tasks:
-            t0 = time.perf_counter()
-            if task == "heldout":
-                result = heldout.report(run, limits[task], text, progress)
-                windows_path = write_rows(samples_path(json_path, task, "windows"), result.pop("windows"))
-                if "text" in result:
-                    result["text"].pop("windows")
-                results[task] = result | {"windows_path": windows_path, "items_path": windows_path}
-            elif task == "humaneval":
-                results[task] = humaneval.run(trunk, tokenizer, samples_path(json_path, task), limits[task], samples,
-                                              temperature, progress=progress, truncate=truncate,
-                                              compile=compile)
-            else:
-                lm = MTPLM(trunk=trunk, tokenizer=tokenizer, progress=progress, truncate=truncate, compile=compile)
-                lm.score_description = "gsm8k: score gold answers"
-                result = gsm8k.run(lm, limits[task], gsm8k_data, num_fewshot=fewshot)
-                path = samples_path(json_path, task)
-                write_rows(path, result.pop("samples"))
-                gold = result.pop("gold")
-                gold_cut = ctxlib.summary([r["prompt_cut_tokens"] for r in gold], [r["prompt_tokens"] for r in gold],
-                                          trunk.cfg.context)
-                results[task] = result | {
-                    "samples_path": str(path), "items_path": write_rows(samples_path(json_path, task, "gold"), gold),
-                    "max_gen_toks": max(lm.gen_budgets, default=None),
-                    **ctxlib.summary(lm.prompt_cuts, lm.prompt_lengths, trunk.cfg.context),
-                    **{f"gold_{k}": gold_cut[k] for k in ("prompts_cut", "prompt_cut_tokens_max", "prompt_cut_tokens_mean")}}
-            seconds[task] = round(time.perf_counter() - t0, 2)
-    doc = {
-        "schema": SCHEMA,
-        "run": source.name if source else str(run_dir),
-        "step": run.step,
-        "objective": run.model.objective,
-        **({"hf": source.record()} if source else {}),
-        "export": str(export_dir) if export_dir else None,
-        "context": run.recipe.model.context,
-        "tasks": tasks,
-        "limits": limits,
-        "seconds": seconds,
-        "hardware": env.hardware(),
-        "git_commit": env.git_commit(),
-        "results": results,
-    }
-    write_json(json_path, doc)
-    doc["json_path"] = str(json_path)
-    return doc
+    return gsm8k_dir
+
+
+def _load_trunk(subject: _Subject, cfg: EvalConfig, device) -> None:
+    """The generating trunk: the --hf checkpoint's own, or the run's export (made or refreshed here)."""
+    if subject.source is not None:
+        subject.export_dir, subject.trunk, subject.tokenizer = (subject.source.path, subject.run.model.trunk,
+                                                                 subject.run.tokenizer)
+    elif {"humaneval", "gsm8k"} & set(cfg.tasks):
+        subject.export_dir = ensure_export(subject.run.run_dir)
+        trunk, subject.tokenizer = load_export(subject.export_dir)
+        subject.trunk = trunk.to(device)
+
+
+def _check_contexts(subject: _Subject, cfg: EvalConfig, rt: Runtime, gsm8k_dir: Path | None) -> int | None:
+    """GSM8K's shot count (see `run_eval`); with truncate off, refusals come before any model work."""
+    fewshot = cfg.gsm8k_fewshot
+    if "gsm8k" in cfg.tasks and fewshot is None:
+        fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=subject.trunk, tokenizer=subject.tokenizer), cfg.limit("gsm8k"), gsm8k_dir,
+                                        subject.run.recipe.eval.gsm8k_fewshot or 0)
+    if "humaneval" in cfg.tasks:
+        humaneval.check_context(subject.trunk, subject.tokenizer, cfg.limit("humaneval"), truncate=cfg.truncate)
+    if "gsm8k" in cfg.tasks:
+        gsm8k.check_context(subject.lm(cfg, rt), cfg.limit("gsm8k"), gsm8k_dir, fewshot)
+    return fewshot
+
+
+def _heldout(run: LoadedRun, cfg: EvalConfig, text, json_path: Path, progress) -> dict:
+    result = heldout.report(run, cfg.limit("heldout"), text, progress)
+    windows_path = write_rows(samples_path(json_path, "heldout", "windows"), result.pop("windows"))
+    if "text" in result:
+        result["text"].pop("windows")
+    return result | {"windows_path": windows_path, "items_path": windows_path}
+
+
+def _gsm8k(subject: _Subject, cfg: EvalConfig, rt: Runtime, gsm8k_dir, fewshot: int, json_path: Path,
+           progress) -> dict:
+    lm = subject.lm(cfg, rt, progress=progress)
+    lm.score_description = "gsm8k: score gold answers"
+    result = gsm8k.run(lm, cfg.limit("gsm8k"), gsm8k_dir, num_fewshot=fewshot)
+    path = samples_path(json_path, "gsm8k")
+    write_rows(path, result.pop("samples"))
+    gold = result.pop("gold")
+    context = subject.trunk.cfg.context
+    gold_cut = ctxlib.summary([r["prompt_cut_tokens"] for r in gold], [r["prompt_tokens"] for r in gold], context)
+    return result | {
+        "samples_path": str(path), "items_path": write_rows(samples_path(json_path, "gsm8k", "gold"), gold),
+        "max_gen_toks": max(lm.gen_budgets, default=None),
+        **ctxlib.summary(lm.prompt_cuts, lm.prompt_lengths, context),
+        **{f"gold_{k}": gold_cut[k] for k in ("prompts_cut", "prompt_cut_tokens_max", "prompt_cut_tokens_mean")}}
 
 
 def _gold_and_cuts(rows: list, label: str, task: dict) -> None:

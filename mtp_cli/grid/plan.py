@@ -109,7 +109,7 @@ def preflight(ab: Ablation) -> None:
         conditions, _ = plan_conditions(spec.prompts, spec.temperatures, spec.primary)
         for source in {c.source for c in conditions} - {HELDOUT}:  # heldout: the run's own data, made by training
             if (source, cell.gsm8k) not in checked:
-                load_prompts(source, spec.limit, cell.gsm8k)
+                load_prompts(source, spec.limit or None, cell.gsm8k)
                 checked.add((source, cell.gsm8k))
 
 

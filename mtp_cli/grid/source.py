@@ -101,10 +101,8 @@ def run_baseline(ab: Ablation, show_progress: bool = True) -> Path:
     """`mtp eval --hf init_from --recipe <this recipe>` with the recipe's eval settings."""
     from mtp_cli.evals.runner import run_eval  # see grid.stages.export
 
-    cfg = ab.recipe.eval
     path = results.baseline_json(ab.results_dir)
     ui.console.print(f"baseline: evaluating {baseline_source(ab)} as it is", highlight=False)
-    run_eval(tasks=tuple(cfg.tasks), limit={t: cfg.limit(t) or 0 for t in cfg.tasks}, gsm8k_data=gsm8k_data(ab.recipe),
-             json_path=path, show_progress=show_progress, hf=baseline_source(ab), recipe=str(ab.source),
-             truncate=cfg.truncate, gsm8k_fewshot=cfg.gsm8k_fewshot)  # exactly the runs' eval settings
+    run_eval(None, stages.eval_config(ab.recipe, gsm8k_data(ab.recipe)), stages.runtime(ab.recipe),  # the runs' settings
+             hf=baseline_source(ab), recipe=str(ab.source), json_path=path, show_progress=show_progress)
     return path

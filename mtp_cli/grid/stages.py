@@ -6,6 +6,7 @@ the other runs. Training runs in a child process, so its peak memory is its own.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import multiprocessing
 import signal
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from mtp_cli import results, tracking, ui
-from mtp_cli.config import Recipe, recipe_from_dict
+from mtp_cli import paths, results, tracking, ui
+from mtp_cli.config import EvalConfig, Recipe, Runtime, recipe_from_dict
 from mtp_cli.dist import dist_info
 from mtp_cli.errors import UserError
 from mtp_cli.grid.cells import Ablation, Cell
@@ -35,7 +36,7 @@ def run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
     except (UserError, KeyboardInterrupt):
         raise
     except Exception as exc:  # a crash in one run must not cost the others
-        with open(cell.run_dir / "ablate.log", "a") as log:
+        with open(cell.run_dir / results.ABLATE_LOG, "a") as log:
             log.write(f"--- {stage} failed at {now()}\n{getattr(exc, 'details', None) or traceback.format_exc()}\n")
         ab.failures.append(f"{cell.name}: {stage} failed ({type(exc).__name__}: {exc}); see {cell.run_dir / 'ablate.log'}")
         ui.console.print(f"[red]{cell.name}: {stage} failed[/red] ({type(exc).__name__}: {exc})", highlight=False)
@@ -87,7 +88,7 @@ def train(cell: Cell, view: GridView) -> None:
     send.close()
     try:
         while child.is_alive():
-            view.training(cell, cell.run_dir / "metrics.jsonl")
+            view.training(cell, cell.run_dir / results.METRICS)
             child.join(0.5)
     except KeyboardInterrupt:
         child.join()  # the same Ctrl-C reached the child, which saves a checkpoint before it exits
@@ -148,24 +149,29 @@ def export(cell: Cell, view: GridView) -> None:
     ensure_export(cell.run_dir, cell.run_dir / results.EXPORT)
 
 
+def runtime(recipe: Recipe) -> Runtime:
+    """Where a cell's eval and specbench run: the recipe's training device; the threads are the
+    ablation's own (already set in this process)."""
+    return Runtime(device=recipe.train.device)
+
+
+def eval_config(recipe: Recipe, gsm8k: Path | None) -> EvalConfig:
+    """The recipe's [eval] with the GSM8K folder the grid resolved once (`Cell.gsm8k`)."""
+    return dataclasses.replace(recipe.eval, gsm8k_data=str(gsm8k or paths.HUB))
+
+
 def evaluate(cell: Cell, view: GridView) -> None:
     from mtp_cli.evals.runner import run_eval  # see `export`
 
-    cfg = cell.recipe.eval
-    run_eval(cell.run_dir, tasks=tuple(cfg.tasks), limit={t: cfg.limit(t) or 0 for t in cfg.tasks},
-             gsm8k_data=cell.gsm8k, json_path=cell.run_dir / results.EVAL_JSON,
-             show_progress=view.show_nested, truncate=cfg.truncate, gsm8k_fewshot=cfg.gsm8k_fewshot)
+    run_eval(cell.run_dir, eval_config(cell.recipe, cell.gsm8k), runtime(cell.recipe),
+             json_path=cell.run_dir / results.EVAL_JSON, show_progress=view.show_nested)
 
 
 def specbench(cell: Cell, view: GridView) -> None:
     from mtp_cli.bench.run import run_specbench  # see `export`
 
-    cfg = cell.recipe.specbench
-    run_specbench(cell.run_dir, prompts=cfg.prompts, limit=cfg.limit, max_new_tokens=cfg.max_new_tokens,
-                  batch_sizes=tuple(cfg.batch_sizes), repeats=cfg.repeats, draft_len=cfg.draft_len,
-                  json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested,
-                  gsm8k_data=cell.gsm8k, temperatures=tuple(cfg.temperatures), primary=cfg.primary,
-                  peers=cfg.peers, draft_vocab=cfg.draft_vocab)
+    run_specbench(cell.run_dir, cell.recipe.specbench, runtime(cell.recipe), gsm8k_data=cell.gsm8k,
+                  json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested)
 
 
 STAGE_FUNCS = {"train": train, "export": export, "eval": evaluate, "specbench": specbench}

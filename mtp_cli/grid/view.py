@@ -41,9 +41,9 @@ class GridView:
     def _estimate(self) -> None:
         est = Estimator(self.ab.results_dir, self.ab.recipe)
         self.estimates = {(cell.name, stage): est.stage(cell, stage).seconds for cell, stage in self.stages_left}
-        self._show_eta()
+        self.show_eta()
 
-    def _show_eta(self) -> None:
+    def show_eta(self) -> None:
         """Stages not started at their estimate, the one under way at what is left of its estimate."""
         if not self.estimates:
             return
@@ -60,7 +60,7 @@ class GridView:
     def start(self, cell: Cell, stage: str) -> None:
         self.current = (cell, stage, time.perf_counter())
         self.progress.update(self.rows[cell.name], info=stage)
-        self._show_eta()
+        self.show_eta()
 
     def finish(self, cell: Cell, stage: str, ok: bool) -> None:
         stages = self.work[cell.name]
@@ -81,7 +81,7 @@ class GridView:
         step, loss = _last_train_step(metrics)
         total = cell.recipe.train.steps
         info = f"loss {loss:.3f}" if loss is not None else ""
-        self._show_eta()
+        self.show_eta()
         if self.train_task is None:
             self.train_task = self.progress.add_task(f"  train {cell.name}", total=total, completed=step, info=info)
         else:  # a new metrics row (every train.log_every steps) is worth a line in a log file

@@ -27,8 +27,7 @@ from mtp_cli.config import ModelConfig
 from mtp_cli.errors import UserError
 from mtp_cli.model import pretrained
 from mtp_cli.model.trunk import Trunk
-
-EXPORT_INFO = outputs.EXPORT_MARKER  # provenance: which run, step and objective the export came from
+from mtp_cli.run_files import EXPORT, EXPORT_INFO
 
 
 def hf_config(model_cfg: ModelConfig, tokenizer, n_layers: int | None = None) -> LlamaConfig | Qwen2Config:
@@ -109,7 +108,7 @@ def _source_stamp(run_dir: str | Path) -> dict:
 
 def ensure_export(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """The run's export (default `<run>/export`), re-exported only if the checkpoint changed since."""
-    out_dir = Path(out_dir) if out_dir else Path(run_dir) / "export"
+    out_dir = Path(out_dir) if out_dir else Path(run_dir) / EXPORT
     try:
         info = json.loads((out_dir / EXPORT_INFO).read_text())
         if info.get("source") == _source_stamp(run_dir) and (out_dir / "config.json").is_file():

@@ -105,7 +105,7 @@ class MTPModel(nn.Module):
     # ---- forward passes -------------------------------------------------------------------
     def all_logits(self, idx: torch.Tensor) -> list[torch.Tensor]:
         """[trunk logits (B,T,V), extra 1 logits (B,T-1,V), ..., extra D logits (B,T-D,V)]."""
-        hidden, extras = self._hidden_states(idx)
+        hidden, extras = self.hidden_states(idx)
         return [self.trunk.head(hidden)] + [self.extra_logits(k, h) for k, h in enumerate(extras, 1)]
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, lam: float | None = None,
@@ -114,7 +114,7 @@ class MTPModel(nn.Module):
         model/loss.py), or without targets `all_logits` (so that FSDP's hooks on this root module run)."""
         if targets is None:
             return self.all_logits(idx)
-        hidden, extras = self._hidden_states(idx)
+        hidden, extras = self.hidden_states(idx)
         weight = self.trunk.unembed_weight
         totals = totals or [None] * (len(extras) + 1)
         loss_main = L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets, totals[0])
@@ -123,7 +123,7 @@ class MTPModel(nn.Module):
         lam = self.mtp_cfg.weight if lam is None else lam
         return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
 
-    def _hidden_states(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def hidden_states(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Trunk hidden (pre-final-norm) over T positions, and each extra prediction's state over
         its valid positions (T-k), already cut to length. A frozen trunk runs without autograd."""
         trunk, T = self.trunk, idx.shape[1]

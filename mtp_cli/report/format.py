@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from mtp_cli.result_docs import ci_key
 from mtp_cli.resultset import Metric
 from mtp_cli.stats import Estimate
 
@@ -77,7 +78,7 @@ def speed(m: dict, key: str) -> str:
     if value is None:
         return "–"
     text = f"{value:.2f}×"
-    ci = m.get(f"{key}_ci95") or m.get(f"{key}_ci")
+    ci = m.get(ci_key(key))
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci:
         text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
     seeds = m.get(f"{key}_seeds")

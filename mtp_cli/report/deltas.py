@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mtp_cli import comparisons
 from mtp_cli.comparisons import Comparison
-from mtp_cli.report_format import NO_SIGNAL, fmt, interval, seed_values
+from mtp_cli.report.format import NO_SIGNAL, fmt, interval, seed_values
 from mtp_cli.resultset import Metric, ResultSet
 from mtp_cli.stats import Estimate
 from mtp_cli.tables import Table

@@ -1,0 +1,81 @@
+"""specbench.json as terminal tables: one per condition, a row per batch size and method."""
+
+from __future__ import annotations
+
+from mtp_cli.result_docs import ci_key
+
+
+def render_table(report: dict):
+    """The report as tables, one per condition: a row per batch size and method. "degen" is the share of
+    the method's generated tokens inside a repetition loop, "exact" whether its output equals plain
+    greedy's on every prompt (else how many; "-" when sampling). Latency and the other intervals are in
+    the JSON."""
+    from rich.console import Group
+
+    params = report["params"]
+    notes = [f"MTP modules: {params['mtp_bytes'] / 1e6:.2f} MB of extra weights"] if params["mtp"] else []
+    dv = report.get("draft_vocab")
+    if dv and dv["size"] < dv["vocab_size"]:
+        notes.append(f"drafts from the {dv['size']} most frequent training tokens of {dv['vocab_size']} "
+                     f"({dv['training_share']:.0%} of training tokens; the trunk verifies over all)")
+    if "draft_bytes" in params:
+        notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
+    tables = [_condition_table(report, c) for c in report["conditions"]]
+    tables[-1].notes += notes
+    return Group(*tables)
+
+
+
+def _condition_table(report: dict, condition: dict):
+    from mtp_cli.tables import Table
+
+    p, text = condition["prompts"], condition["text"]
+    primary = " (primary)" if condition["name"] == report["primary"] else ""
+    rows = []
+    for bs, methods in condition["results"].items():
+        for name, e in methods.items():
+            lo, hi = e[ci_key("speedup")]
+            acc = _fmt(e.get("acceptance_rate"), "{:.0%}")
+            if acc and e[ci_key("acceptance_rate")][0] is not None:
+                acc += " [{:.0%}-{:.0%}]".format(*e[ci_key("acceptance_rate")])
+            exact = "-" if e["lossless"] is None else "yes" if e["lossless"] else \
+                f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}"
+            rows.append([
+                str(bs), name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
+                _fmt(e.get("ideal_speedup"), "{:.2f}"), acc, _fmt(e.get("degenerate_share"), "{:.0%}"),
+                _fmt(e.get("mean_acceptance_length"), "{:.2f}"), f"{e['ttft_s'] * 1e3:.1f}", f"{e['tpot_s'] * 1e3:.2f}",
+                exact])
+    parts = _parts_notes(condition)
+    caption = (f"text timed ({condition['baseline']}, batch size {report['batch_sizes'][0]}): "
+               f"{_fmt(text.get('degenerate_share'), '{:.0%}')} of tokens in repetition loops, "
+               f"{_fmt(text.get('whitespace_share'), '{:.0%}')} of outputs blank")
+    return Table(f"specbench {report['run']} {condition['name']}{primary}: {p['source']} x{p['count']}, "
+                 f"T={condition['temperature']:g}, {report['max_new_tokens']} new tokens, median of {report['repeats']}",
+                 ["batch size", "method", "tokens/s", "speedup [95%]", "ideal speedup", "acceptance [95%]",
+                  "degenerate", "MAL", "TTFT ms", "TPOT ms", "identical to greedy"], rows, [caption, *parts],
+                 short={"batch size": "bs", "tokens/s": "tok/s", "ideal speedup": "ideal", "acceptance [95%]": "acc",
+                        "degenerate": "degen", "identical to greedy": "exact"})
+
+
+
+def _parts_notes(condition: dict) -> list[str]:
+    """The measured parts of our decoders per batch size, in ms (compile in s)."""
+    notes = []
+    for bs, methods in condition["results"].items():
+        g, m = methods.get(condition["baseline"], {}), methods.get("mtp")
+        parts = [f"step {_fmt(g.get('t_step_s'), '{:.2f}', 1e3)}", f"prefill {_fmt(g.get('t_prefill_s'), '{:.1f}', 1e3)}"]
+        if m:
+            verify = "/".join(_fmt(v, "{:.2f}", 1e3) for v in m.get("t_verify_by_k_s", {}).values())
+            parts += [f"verify k=1..{len(m.get('t_verify_by_k_s', {}))} {verify}",
+                      f"draft {_fmt(m.get('t_draft_s'), '{:.2f}', 1e3)}"]
+            if m.get("fused"):
+                parts.append(f"verify+draft in one call {_fmt(m.get('t_forward_verify_draft_s'), '{:.2f}', 1e3)}")
+        compiled = sum(e.get("compile_s") or 0.0 for e in methods.values())
+        parts.append(f"compile {compiled:.1f} s")
+        notes.append(f"bs {bs} ms: " + ", ".join(parts))
+    return notes
+
+
+
+def _fmt(value, fmt: str, scale: float = 1.0) -> str:
+    return "" if value is None else fmt.format(value * scale)

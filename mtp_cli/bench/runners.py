@@ -1,0 +1,168 @@
+"""The methods specbench times, each a `Runner` (a batch of prompts in, outputs and time to first token
+out): our plain decoder, our MTP self-speculative decoder, and the Hugging Face peers on the same weights."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from mtp_cli.conditions import Condition
+from mtp_cli.decode.generate import generate
+from mtp_cli.decode.speculative import SpecStats, speculative_generate
+from mtp_cli.decode.timing import PhaseTimer
+
+PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
+
+
+
+SAMPLED_SKIP = "measured at temperature 0 only, to keep the benchmark's cost down"
+
+
+
+PRIMARY_ONLY_SKIP = "peers timed in the primary condition only (--peers primary)"
+
+
+
+SAMPLE_SEED = 0
+
+
+
+@dataclass
+class Tally:
+    """One method over all prompts in one repeat."""
+    walls: list[float] = field(default_factory=list)  # per batch
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
+    tokens: int = 0
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    stats: SpecStats | None = None
+    per_batch: list[SpecStats] = field(default_factory=list)  # MTP draft counts of each batch, in order
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / sum(self.walls)
+
+
+Runner = Callable[[list[list[int]], Tally], tuple[list[list[int]], float]]  # batch -> (outputs, TTFT)
+
+
+
+def weight_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+
+def applicable(runners: dict, bs: int) -> dict:
+    return {m: r for m, r in runners.items() if bs == 1 or m not in ("hf_prompt_lookup", "hf_assisted")}
+
+
+
+def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
+             compile: bool, with_peers: bool = True, vocab: torch.Tensor | None = None) -> tuple[dict, dict]:
+    """The methods measured in one condition, and {method: why not} for the peers left out."""
+    model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
+    runners = {condition.baseline: _ours_plain(model, max_new_tokens, eos, compile, t)}
+    if k:
+        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, compile, t, vocab)
+    peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
+    if hf_draft is not None:
+        peers["hf_assisted"] = {"assistant_model": hf_draft}
+    if not with_peers:
+        return runners, {name: PRIMARY_ONLY_SKIP for name in ["hf_generate", *peers]}
+    runners["hf_generate"] = _hf_runner(hf, tokenizer, max_new_tokens, {}, t)
+    if t > 0:
+        return runners, {name: SAMPLED_SKIP for name in peers}
+    return runners | {name: _hf_runner(hf, tokenizer, max_new_tokens, extra, t) for name, extra in peers.items()}, {}
+
+
+
+def _generator(device, temperature: float, first_prompt: int) -> torch.Generator | None:
+    """Sampling's random numbers: one stream per batch, seeded by its first prompt's index."""
+    return torch.Generator(device).manual_seed(SAMPLE_SEED + first_prompt) if temperature > 0 else None
+
+
+
+def _ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature: float = 0.0) -> Runner:
+    def run(batch, tally):
+        before = tally.timer.total["prefill"]
+        gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
+        out = generate(model.trunk, batch, max_new_tokens, temperature=temperature, eos_id=eos, generator=gen,
+                       compile=compile, timer=tally.timer)
+        return out, tally.timer.total["prefill"] - before
+    return run
+
+
+
+def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0,
+             vocab: torch.Tensor | None = None) -> Runner:
+    def run(batch, tally):
+        tally.stats, stats = tally.stats or SpecStats(k), SpecStats(k)
+        before = tally.timer.total["prefill"]
+        gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
+        out = speculative_generate(model, batch, max_new_tokens, draft_len=k, temperature=temperature, eos_id=eos,
+                                   generator=gen, stats=stats, timer=tally.timer, compile=compile, draft_vocab=vocab)
+        tally.stats.merge(stats)
+        tally.per_batch.append(stats)
+        return out, tally.timer.total["prefill"] - before
+    return run
+
+
+
+def hf_model(run):
+    from transformers.utils import logging as hf_logging
+
+    from mtp_cli.model.hf import generation_config, to_hf_model
+
+    hf_logging.set_verbosity_error()
+    model = to_hf_model(run).to(run.model.trunk.embed_tokens.weight.device)
+    model.generation_config = generation_config(run.tokenizer)
+    return model
+
+
+
+class _FirstToken:
+    """A transformers streamer (duck-typed: `put`, `end`) that notes when the first generated token
+    arrives; its first `put` is the prompt."""
+
+    def __init__(self):
+        self.puts, self.at = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+
+def _hf_runner(hf, tokenizer, max_new_tokens: int, extra: dict, temperature: float = 0.0) -> Runner:
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    # pure temperature sampling, as ours does: no top-k (transformers' default is 50) and no nucleus
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 \
+        else {"do_sample": False}
+
+    def run(batch, tally):
+        width = max(len(p) for p in batch)
+        idx = torch.full((len(batch), width), pad, dtype=torch.long, device=hf.device)
+        mask = torch.zeros_like(idx)
+        for i, p in enumerate(batch):  # left padding, as decoder-only generation needs
+            idx[i, width - len(p):] = torch.tensor(p, device=hf.device)
+            mask[i, width - len(p):] = 1
+        if temperature > 0:
+            torch.manual_seed(SAMPLE_SEED + len(tally.outputs))  # transformers samples from the global generator
+        clock, t0 = _FirstToken(), time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(input_ids=idx, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                              pad_token_id=pad, streamer=clock, **sampling, **extra)
+        ttft = (clock.at or time.perf_counter()) - t0
+        rows = []
+        for row in out[:, width:].tolist():
+            rows.append(row[: row.index(eos) + 1] if eos in row else row)
+        return rows, ttft
+    return run

@@ -1,0 +1,75 @@
+"""REPORT.md's cost section: parameters, FLOPs, step time, MFU, memory and wall time per variant against NTP."""
+
+from __future__ import annotations
+
+from mtp_cli.report.helpers import duration, mean_of, num, pct, signed_whole, times_base, whole
+from mtp_cli.report.section import Section
+from mtp_cli.resultset import ResultSet, values
+from mtp_cli.tables import Table
+
+
+def cost_section(r: ResultSet) -> Section:
+    base = r.baseline
+    rows = []
+
+    def mean(v, col):
+        vals = values(r.rows(v), col)
+        return sum(vals) / len(vals) if vals else None
+
+    for v in r.variants:
+        step, mem, total = mean(v, "step_time_s"), mean(v, "peak_memory_mb"), mean(v, "params_total")
+        b_step = mean(base, "step_time_s") if base else None
+        b_mem = mean(base, "peak_memory_mb") if base else None
+        b_total = mean(base, "params_total") if base else None
+        fpt = mean_of(run.run.get("flops_per_token") for run in r.runs if run.variant == v)
+        stage_times = {s: mean_of(run.log.get("stages", {}).get(s, {}).get("seconds") for run in r.runs if run.variant == v)
+                       for s in ("train", "eval", "specbench")}
+        rows.append([v, whole(mean(v, "params_trunk")), whole(mean(v, "params_mtp")),
+                     signed_whole(total - b_total) if total is not None and b_total is not None else "–",
+                     num(fpt / 1e6 if fpt else None, 1), num(step, 3) + times_base(step, b_step),
+                     num(mean(v, "tokens_per_s"), 0), pct(mean(v, "mfu")),
+                     num(mem, 0) + times_base(mem, b_mem),
+                     " / ".join(duration(stage_times[s]) for s in ("train", "eval", "specbench"))])
+    kinds = {run.run.get("throughput", {}).get("peak_memory_kind") for run in r.runs} - {None}
+    notes = [f"× = ratio to {base}" if base else "no NTP variant to compare against",
+             "step time and tokens/s are medians over training steps; FLOPs/token counts training (3× forward; "
+             "a frozen trunk, which runs under no-grad, its forward only)",
+             *_flops_recount_notes(r), *_resumed_notes(r),
+             f"peak memory: {', '.join(sorted(kinds)) or 'as recorded'}; each run trains in its own process",
+             "compute-matched parallel heads move n−1 layers from the trunk into the heads: same total parameters"]
+    table = Table("Training cost against NTP", ["variant", "trunk params", "MTP params", "added vs NTP", "MFLOP/token",
+                                                 "step time s", "tokens/s", "MFU", "peak memory MB",
+                                                 "wall time train / eval / specbench"], rows, notes)
+    return Section("Cost", "", [table])
+
+
+
+def _resumed_notes(r: ResultSet) -> list[str]:
+    """Runs trained in more than one process (interrupted, then resumed): their cost sums the segments."""
+    notes = []
+    for run in r.runs:
+        segments = max(len(run.run.get("segments") or []), int(run.log.get("stages", {}).get("train", {}).get("segments", 1)))
+        if segments > 1:
+            notes.append(f"{run.path.name}: trained in {segments} segments (interrupted and resumed); its wall time "
+                         "and step-time median cover all of them")
+    invalid = [run.path.name for run in r.runs
+               if isinstance(m := (run.run.get("throughput") or {}).get("mfu_median"), (int, float)) and m > 1]
+    if invalid:
+        notes.append(f"MFU left out for {', '.join(invalid)}: the matmul peak they divided by was measured below "
+                     "the FLOP/s their training reached")
+    return notes
+
+
+
+def _flops_recount_notes(r: ResultSet) -> list[str]:
+    """Frozen-trunk runs whose stored FLOPs/token (and so MFU) counted the trunk's backward too."""
+    notes = []
+    for run in r.runs:
+        now = r.frozen_flops_recount(run)
+        if now is None:
+            continue
+        stored, mfu = run.run["flops_per_token"], (run.run.get("throughput") or {}).get("mfu_median")
+        notes.append(f"{run.path.name}: its stored {stored / 1e6:.1f} MFLOP/token counted the frozen trunk's backward; "
+                     f"counted as it trained, {now / 1e6:.1f} MFLOP/token"
+                     + (f", MFU {pct(mfu * now / stored)}" if isinstance(mfu, (int, float)) else ""))
+    return notes
