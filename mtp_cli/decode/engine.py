@@ -182,12 +182,12 @@ class Engine(torch.nn.Module):
         self._draft_unembeds: dict[tuple, Tensor] = {}
         self.static = compile and self.device.type == "cuda"  # batches run one fixed-shape graph per shape
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
-        self._static = self.row_step = None
+        self._static = self.compiled_row_step = None
         self.fused_steps: dict[tuple, tuple] = {}  # verification fused with drafting: key -> (module, compiled or None)
         if self.static:
             self._static = torch.compile(self.forward_static, dynamic=False, mode="reduce-overhead")
         elif compile:  # one row, any position: symbolic start, no capacity-wide attention; batches eager
-            self.__dict__["row_step"] = torch.compile(_RowStep(self), dynamic=True, options=CPU_COMPILE)
+            self.__dict__["compiled_row_step"] = torch.compile(_RowStep(self), dynamic=True, options=CPU_COMPILE)
 
     # ---- tables and plans ------------------------------------------------------------------------
     def _tables(self, length: int) -> None:
@@ -267,10 +267,10 @@ class Engine(torch.nn.Module):
     def step(self, tokens: Tensor, cache: StaticKVCache) -> tuple[Tensor, Tensor, Tensor]:
         """`forward` and the logits of every position: (logits (B, T, V), hidden, last layer's input)."""
         T = tokens.shape[1]
-        start = int(cache.lengths[0]) if self.row_step is not None and cache.batch == 1 else 0
+        start = int(cache.lengths[0]) if self.compiled_row_step is not None and cache.batch == 1 else 0
         if _row_window(start, T):
             cache.check(start + T - 1)
-            out = self._timed(self.row_step, tokens, cache.k, cache.v, start)
+            out = self._timed(self.compiled_row_step, tokens, cache.k, cache.v, start)
             cache.advance(T)
             return out
         hidden, shared = self.forward(tokens, cache)
@@ -379,7 +379,7 @@ class Engine(torch.nn.Module):
         if key not in self.fused_steps:
             step = build()
             self.fused_steps[key] = (step, torch.compile(step, dynamic=True, options=CPU_COMPILE)
-                                if self.row_step is not None else None)
+                                if self.compiled_row_step is not None else None)
         step, compiled = self.fused_steps[key]
         start, T = int(cache.lengths[0]), tokens.shape[1]
         cache.check(start + T - 1)

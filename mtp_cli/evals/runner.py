@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mtp_cli import env, outputs, paths, ui
 from mtp_cli.checkpoint import LoadedRun, load_run
-from mtp_cli.config import EvalConfig, MTPConfig, Runtime, load_recipe, resolve_recipe_path
+from mtp_cli.config import EVAL_TASKS, EvalConfig, MTPConfig, Runtime, load_recipe, resolve_recipe_path
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
@@ -96,6 +96,8 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
     `cfg.gsm8k_fewshot` takes the recipe's eval.gsm8k_fewshot, lowered to the largest count whose prompts
     fit the trained context. Every input is checked before any model work."""
     rt = rt or Runtime()
+    if not cfg.tasks:
+        raise UserError(f"no eval task given; choose from {', '.join(EVAL_TASKS)}")
     cfg.validate()
     rt.validate()
     if (run_dir is None) == (hf is None):
