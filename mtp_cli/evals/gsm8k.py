@@ -28,6 +28,7 @@ from pathlib import Path
 
 import datasets
 import lm_eval
+import yaml
 from lm_eval.tasks import TaskManager
 
 from mtp_cli import paths, stats
@@ -104,9 +105,7 @@ def preflight(data_dir: str | Path | None) -> Path | None:
         return check_data(data_dir)
     hint = "pass --gsm8k-data DIR with train.jsonl and test.jsonl to run the same task from local files"
     if _offline():
-        from lm_eval.tasks._yaml_loader import load_yaml
-
-        stock = load_yaml(STOCK_YAML, resolve_func=False)
+        stock = yaml.safe_load(STOCK_YAML.read_text())  # plain YAML: no include or !function in the stock task
         try:
             datasets.load_dataset_builder(stock["dataset_path"], stock.get("dataset_name"))
         except Exception as exc:
@@ -133,7 +132,7 @@ def _prompt_cuts(lm, limit: int | None, data_dir: Path | None, num_fewshot: int,
                 task.set_fewshot_seed(seed=seed)
                 task.build_all_requests(limit=limit, rank=0, world_size=1)
         generate = [i.args for i in tasks[name].instances]
-        gold = [lm._encode_pair(*i.args) for i in tasks[GOLD_TASK].instances]
+        gold = [lm.encode_pair(*i.args) for i in tasks[GOLD_TASK].instances]
     budget = ctxlib.generation_budget(int(generate[0][1].get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)), lm.max_length)
     lengths = [len(lm.tok_encode(context)) for context, _ in generate]
     return {"budget": budget, "lengths": lengths,

@@ -161,7 +161,7 @@ def gold_plan(lm, problems: dict[str, dict]) -> dict[str, tuple[list[int], list[
     """{task_id: (prompt ids, solution ids, scored text)}, split as lm-eval's TemplateLM splits them."""
     from mtp_cli.evals.lm import scored_continuation
 
-    return {t: (*lm._encode_pair(p["prompt"], p["canonical_solution"]),
+    return {t: (*lm.encode_pair(p["prompt"], p["canonical_solution"]),
                 scored_continuation(p["prompt"], p["canonical_solution"])) for t, p in problems.items()}
 
 

@@ -52,6 +52,10 @@ class MTPLM(TemplateLM):
         self.gen_budgets: list[int] = []  # new-token budget of each generation request (after `generation_budget`)
         self.records: dict[tuple[str, int], dict] = {}  # (task, doc_id) -> prompt_tokens, prompt_cut_tokens
 
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context ids, continuation ids), split as lm-eval's TemplateLM splits them for scoring."""
+        return self._encode_pair(context, continuation)
+
     @property
     def eot_token_id(self) -> int:
         return self.tokenizer.eos_token_id
