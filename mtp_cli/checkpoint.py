@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from mtp_cli import sharded_checkpoint
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
@@ -45,14 +46,12 @@ def save_checkpoint(run_dir: Path, model: MTPModel, optimizer: torch.optim.Optim
 
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether the run folder holds a checkpoint (checkpoint.pt, or an FSDP run's sharded one)."""
-    from mtp_cli import sharded_checkpoint
 
     return (Path(run_dir) / CHECKPOINT).is_file() or sharded_checkpoint.exists(run_dir)
 
 
 def checkpoint_stamp(run_dir: Path) -> dict:
     """Size and modification time of what a new save replaces (to tell whether an export is stale)."""
-    from mtp_cli import sharded_checkpoint
 
     path = Path(run_dir) / CHECKPOINT
     if not path.is_file() and sharded_checkpoint.exists(run_dir):
@@ -63,7 +62,6 @@ def checkpoint_stamp(run_dir: Path) -> dict:
 
 def _load_sharded(run_dir: Path) -> dict:
     """A sharded checkpoint read whole, in the shape of checkpoint.pt's dict (no optimizer state)."""
-    from mtp_cli import sharded_checkpoint
 
     state = sharded_checkpoint.load_extra(run_dir)
     if not isinstance(state, dict) or "recipe" not in state:
@@ -81,7 +79,6 @@ def _load_sharded(run_dir: Path) -> dict:
 
 
 def load_checkpoint(run_dir: Path) -> dict:
-    from mtp_cli import sharded_checkpoint
 
     path = Path(run_dir) / CHECKPOINT
     if not path.is_file() and sharded_checkpoint.exists(run_dir):

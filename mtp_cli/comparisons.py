@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mtp_cli import compare
+from mtp_cli.config import recipe_from_dict
+from mtp_cli.errors import UserError
 from mtp_cli.resultset import Metric, ResultSet
 from mtp_cli.stats import Estimate
 
@@ -72,8 +74,6 @@ def estimate(r: ResultSet, c: Comparison, m: Metric) -> Estimate | str | None:
 def _flat(recipe: dict, objective: str | None = None) -> dict[str, object]:
     """The recipe's settings as `section.key`, keys added to the code since a run was stored taking their
     defaults, as they did then; the objective is the run's own (run.json `objective`) where it has one."""
-    from mtp_cli.config import recipe_from_dict
-    from mtp_cli.errors import UserError
 
     try:
         recipe = recipe_from_dict(recipe).to_dict() if recipe else recipe

@@ -18,6 +18,7 @@ import torch
 
 from mtp_cli import env, results
 from mtp_cli.config import Recipe
+from mtp_cli.data import shards
 from mtp_cli.model import MTPModel
 from mtp_cli.model.flops import flops_per_token, forward_flops_per_token
 
@@ -64,7 +65,6 @@ class Estimator:
         if device == "cuda" and not torch.cuda.is_available():
             return (recipe.train.peak_flops or None), "cuda"
         if device not in self._peak:
-            from mtp_cli.data import shards
 
             dtype = env.autocast_dtype(torch.device(device)) or torch.float32
             self._peak[device] = recipe.train.peak_flops or env.matmul_peak(torch.device(device), dtype,

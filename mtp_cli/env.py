@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from mtp_cli.errors import UserError
+
 REPO = Path(__file__).resolve().parent.parent
 PEAK_CACHE = "matmul_peak_v2.json"  # v2: best of several sizes and rounds (v1's lone trial could read low)
 
@@ -20,7 +22,6 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from mtp_cli.errors import UserError
         raise UserError("device 'cuda' requested but CUDA is not available")
     return torch.device(name)
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from mtp_cli import results, seed_stats, stats
+from mtp_cli.config import recipe_from_dict
+from mtp_cli.cost import training_flops
 from mtp_cli.errors import UserError
 from mtp_cli.result_docs import ci_key
 
@@ -139,8 +141,6 @@ class ResultSet:
         """A frozen-trunk run's training FLOPs/token as `train.flops_per_token` counts them now, when its
         stored figure differs (runs stored before the count knew the frozen trunk's no-grad forward);
         None otherwise, or when its stored recipe cannot be read back."""
-        from mtp_cli.config import recipe_from_dict
-        from mtp_cli.cost import training_flops
 
         stored, recipe = run.run.get("flops_per_token"), run.run.get("recipe")
         if not (results._get(recipe, "train", "freeze_trunk") is True and isinstance(stored, (int, float))):

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from mtp_cli.config import Recipe
 from mtp_cli.errors import UserError
+from mtp_cli.files import write_json
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
@@ -168,7 +169,6 @@ def _read_state(run_dir: Path) -> dict:
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    from mtp_cli.files import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / STATE_JSON, state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mtp_cli.result_docs import ci_key
+from mtp_cli.tables import Table
 
 
 def render_table(report: dict):
@@ -27,7 +28,6 @@ def render_table(report: dict):
 
 
 def _condition_table(report: dict, condition: dict):
-    from mtp_cli.tables import Table
 
     p, text = condition["prompts"], condition["text"]
     primary = " (primary)" if condition["name"] == report["primary"] else ""

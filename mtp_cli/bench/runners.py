@@ -13,6 +13,7 @@ from mtp_cli.conditions import Condition
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.speculative import SpecStats, speculative_generate
 from mtp_cli.decode.timing import PhaseTimer
+from mtp_cli.model.hf import generation_config, to_hf_model
 
 PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
 
@@ -115,7 +116,6 @@ def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, tempe
 def hf_model(run):
     from transformers.utils import logging as hf_logging
 
-    from mtp_cli.model.hf import generation_config, to_hf_model
 
     hf_logging.set_verbosity_error()
     model = to_hf_model(run).to(run.model.trunk.embed_tokens.weight.device)

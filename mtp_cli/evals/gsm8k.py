@@ -32,7 +32,9 @@ import yaml
 from lm_eval.tasks import TaskManager
 
 from mtp_cli import paths, stats
+from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
+from mtp_cli.evals.lm import DEFAULT_MAX_GEN_TOKS, scored_continuation
 
 LOCAL_YAML = Path(__file__).parent / "tasks" / "gsm8k_local.yaml"
 GOLD_YAML = Path(__file__).parent / "tasks" / "gsm8k_gold.yaml"
@@ -119,8 +121,6 @@ def preflight(data_dir: str | Path | None) -> Path | None:
 def _prompt_cuts(lm, limit: int | None, data_dir: Path | None, num_fewshot: int, seed: int = 0) -> dict:
     """lm-eval's requests for both tasks (as `run` builds them), measured by the model class's own rules:
     the prompt lengths and the cut each would need, for the generation and the gold-answer scoring."""
-    from mtp_cli.decode import context as ctxlib
-    from mtp_cli.evals.lm import DEFAULT_MAX_GEN_TOKS
 
     with tempfile.TemporaryDirectory(prefix="mtp-gsm8k-task-") as tmp:
         manager, name = load_tasks(data_dir, Path(tmp))
@@ -144,7 +144,6 @@ def _prompt_cuts(lm, limit: int | None, data_dir: Path | None, num_fewshot: int,
 def check_context(lm, limit: int | None, data_dir: Path | None, num_fewshot: int = NUM_FEWSHOT,
                   seed: int = 0) -> None:
     """With `lm.truncate` off, refuse before any model work if a prompt would need a cut."""
-    from mtp_cli.decode import context as ctxlib
 
     if lm.truncate:
         return
@@ -198,7 +197,6 @@ def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: 
 def summarize_gold(out: dict, records: dict, generative_task: str) -> dict:
     """Per-question bits per byte of the reference answer, from lm-eval's own loglikelihood samples
     (checked to hold the very prompt the generative task sent for the same question)."""
-    from mtp_cli.evals.lm import scored_continuation
 
     prompts = {s["doc_id"]: s["arguments"][0][0] for s in out["samples"][generative_task]}
     rows = []

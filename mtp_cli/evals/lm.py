@@ -23,6 +23,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.decode.batching import BATCH_SIZE, encode, generate_ids
+from mtp_cli.model.hf import load_export
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default, as HFLM
 SCORE_TOKENS_PER_BATCH = 8192  # teacher-forced scoring: rows x width per forward pass
@@ -35,7 +36,6 @@ class MTPLM(TemplateLM):
                  compile: bool | None = None, **_ignored):
         super().__init__()
         if pretrained is not None:
-            from mtp_cli.model.hf import load_export
             trunk, tokenizer = load_export(pretrained)
         if trunk is None or tokenizer is None:
             raise ValueError("MTPLM needs pretrained=EXPORT_DIR, or trunk= and tokenizer=")

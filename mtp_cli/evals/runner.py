@@ -37,6 +37,7 @@ from mtp_cli.model import MTPModel, pretrained
 from mtp_cli.model.hf import ensure_export, load_export
 from mtp_cli.result_docs import EvalDoc, write_eval
 from mtp_cli.run_files import EVAL_JSON
+from mtp_cli.tables import Table
 
 
 def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
@@ -221,7 +222,6 @@ def _ci(lo_hi) -> str:
 
 def results_table(doc: dict):
     """A table of the headline numbers of an eval document."""
-    from mtp_cli.tables import Table
 
     rows = []
     res = doc["results"]

@@ -106,7 +106,6 @@ class TrainJob(submitit.helpers.Checkpointable):
     def __call__(self) -> str:
         spec = json.loads(Path(self.spec_path).read_text())
         run = results.RunFolder(Path(spec["run_dir"]))
-        from mtp_cli.config import recipe_from_dict
 
         if results.train_done(run, recipe_from_dict(spec["recipe"])):
             return "done already"

@@ -23,6 +23,9 @@ import time
 from functools import cache
 from pathlib import Path
 
+from mtp_cli import ui
+from mtp_cli.config import DataConfig
+from mtp_cli.data.shards import cache_root
 from mtp_cli.errors import UserError
 
 # short name: (pip distribution, the .gguf file it ships)
@@ -77,8 +80,6 @@ def file_sha256(path: Path) -> str:
 
 def cache_dir() -> Path:
     """Where dequantized GGUF files live: the project's cache root (MTP_CACHE_DIR, else .cache/mtp) / gguf."""
-    from mtp_cli.config import DataConfig
-    from mtp_cli.data.shards import cache_root
 
     return cache_root(DataConfig()) / "gguf"
 
@@ -99,7 +100,6 @@ def locate(name: str, flag: str = "--init-from") -> Path:
     if (folder / MARKER).is_file():
         return folder
     _require_gguf(flag, name)
-    from mtp_cli import ui
 
     ui.console.print(f"dequantizing {path.name} once into {folder} (transformers' GGUF loader, fp32)",
                      markup=False, highlight=False, soft_wrap=True)

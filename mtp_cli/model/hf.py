@@ -23,6 +23,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2C
 from transformers.utils import logging as hf_logging
 
 from mtp_cli import outputs
+from mtp_cli.checkpoint import checkpoint_stamp, load_run
 from mtp_cli.config import ModelConfig
 from mtp_cli.errors import UserError
 from mtp_cli.model import pretrained
@@ -101,7 +102,6 @@ def generation_config(tokenizer) -> GenerationConfig:
 
 
 def _source_stamp(run_dir: str | Path) -> dict:
-    from mtp_cli.checkpoint import checkpoint_stamp
 
     return checkpoint_stamp(Path(run_dir))
 
@@ -122,7 +122,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, force: bool = False) ->
     """Write the run's trunk (MTP modules discarded) as a Hugging Face checkpoint folder; return it.
     Only a new or empty folder or an earlier export is replaced (`outputs.replaceable_export`), and
     atomically: the export is written beside it and swapped in whole."""
-    from mtp_cli.checkpoint import load_run
 
     out_dir = outputs.replaceable_export(out_dir, run_dir, force)
     run = load_run(run_dir)

@@ -30,8 +30,11 @@ import torch
 from safetensors.torch import load_file
 
 from mtp_cli.config import ModelConfig, Recipe
+from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.model import gguf
+from mtp_cli.model.mtp import MTPModule
+from mtp_cli.model.trunk import Trunk
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 # The [model] settings a checkpoint decides; `context` may be shortened, the init_* keys are ours.
@@ -198,8 +201,6 @@ def load_into(trunk, folder: Path, where: str | Path) -> None:
 
 def load_trunk(source: str | Path):
     """(Trunk in eval mode, fp32, tokenizer, Source) of a checkpoint folder or Hub id."""
-    from mtp_cli.data import tokenizer as toklib
-    from mtp_cli.model.trunk import Trunk
 
     src = read_source(source)
     trunk = Trunk(src.model)
@@ -251,7 +252,6 @@ def given_model_keys(recipe_file: str | Path | None, variant_model: dict | None 
 
 def init_model(model, src: Source) -> None:
     """Load the source into `model.trunk` and start the MTP modules from it (see the module docstring)."""
-    from mtp_cli.model.mtp import MTPModule
 
     trunk = model.trunk
     if trunk.n_layers != src.model.n_layers:
