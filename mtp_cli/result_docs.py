@@ -75,11 +75,17 @@ class SpecbenchDoc:
 
 
 def write_eval(path: Path, doc: EvalDoc) -> dict:
-    return _write(path, doc)
+    data = dataclasses.asdict(doc)
+    if data["hf"] is None:
+        del data["hf"]  # only `mtp eval --hf` records a checkpoint
+    write_json(path, data)
+    return data
 
 
 def write_spec(path: Path, doc: SpecbenchDoc) -> dict:
-    return _write(path, doc)
+    data = dataclasses.asdict(doc)
+    write_json(path, data)
+    return data
 
 
 def read_eval(path: Path) -> dict:
@@ -90,14 +96,6 @@ def read_eval(path: Path) -> dict:
 def read_spec(path: Path) -> dict:
     """specbench.json as a dict checked against `SpecbenchDoc` ({} when there is none)."""
     return _read(path, SpecbenchDoc, SPEC_SCHEMA, "python scripts/migrate_specbench_v3.py FILE, or mtp specbench RUN")
-
-
-def _write(path: Path, doc) -> dict:
-    data = dataclasses.asdict(doc)
-    if data.get("hf", False) is None:
-        data.pop("hf")  # eval.json of a run has no `hf` key
-    write_json(path, data)
-    return data
 
 
 def _read(path: Path, cls: type, version: int, rewrite: str) -> dict:

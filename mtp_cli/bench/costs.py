@@ -12,7 +12,6 @@ from mtp_cli.decode.speculative import make_drafter
 VERIFY_WIDTHS_UP_TO = 3  # t_verify is measured for k = 1..max(3, the draft length)
 
 
-
 def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | None, compile: bool,
                        baseline: str = "greedy", draft_vocab: torch.Tensor | None = None) -> None:
     """Beside the end-to-end phase means: the one-time compile cost of our decoders (`compile_s`, in

@@ -23,9 +23,7 @@ LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "
           "sample": "ours, plain sampling"}
 
 
-
 SAMPLED_LABELS = {"mtp": "ours, MTP speculative sampling", "hf_generate": "HF generate (sampling)"}
-
 
 
 def measure(runners: dict, ids: list[list[int]], bs: int, repeats: int, device: str, tick) -> dict[str, list[Tally]]:
@@ -55,10 +53,8 @@ def measure(runners: dict, ids: list[list[int]], bs: int, repeats: int, device: 
     return tallies
 
 
-
 def _put(entry: dict, key: str, values: Sequence[float]) -> None:
     entry[key], entry[ci_key(key)] = median_ci(values)
-
 
 
 def summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], condition: Condition, tokenizer,
@@ -92,14 +88,12 @@ def summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], cond
     return results
 
 
-
 def _acceptance_by_unit(per_batch: list[SpecStats], bs: int) -> dict:
     """Draft counts per prompt (per batch when batches hold several prompts) and the bootstrap interval
     of the acceptance rate over them."""
     units = [{"accepted": s.accepted, "drafted": s.drafted, "steps": s.steps} for s in per_batch]
     ci = ratio_ci([u["accepted"] for u in units], [u["drafted"] for u in units])
     return {ci_key("acceptance_rate"): ci, ("per_prompt" if bs == 1 else "per_batch"): units}
-
 
 
 def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
@@ -129,7 +123,6 @@ def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
     return e
 
 
-
 def _lossless(model, ids, reference: list[list[int]], outputs: list[list[int]]) -> dict:
     mismatches = []
     for i, (ref, out) in enumerate(zip(reference, outputs)):
@@ -140,7 +133,6 @@ def _lossless(model, ids, reference: list[list[int]], outputs: list[list[int]]) 
                                "got": out[pos] if pos < len(out) else None})
     return {"lossless": not mismatches, "identical_prompts": len(reference) - len(mismatches),
             "mismatches": mismatches}
-
 
 
 @torch.no_grad()

@@ -26,7 +26,6 @@ def render_table(report: dict):
     return Group(*tables)
 
 
-
 def _condition_table(report: dict, condition: dict):
 
     p, text = condition["prompts"], condition["text"]
@@ -57,7 +56,6 @@ def _condition_table(report: dict, condition: dict):
                         "degenerate": "degen", "identical to greedy": "exact"})
 
 
-
 def _parts_notes(condition: dict) -> list[str]:
     """The measured parts of our decoders per batch size, in ms (compile in s)."""
     notes = []
@@ -74,7 +72,6 @@ def _parts_notes(condition: dict) -> list[str]:
         parts.append(f"compile {compiled:.1f} s")
         notes.append(f"bs {bs} ms: " + ", ".join(parts))
     return notes
-
 
 
 def _fmt(value, fmt: str, scale: float = 1.0) -> str:

@@ -71,7 +71,6 @@ def run_specbench(run_dir, cfg: SpecbenchConfig, rt: Runtime | None = None, *, d
         torch.set_num_threads(saved)
 
 
-
 def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], primary: str, device: str, compile: bool,
                draft_run, json_path, show_progress, gsm8k_data) -> dict:
     batch_sizes, limit, max_new_tokens, repeats = sorted(set(cfg.batch_sizes)), cfg.limit or None, cfg.max_new_tokens, cfg.repeats
@@ -113,7 +112,6 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
     return write_spec(json_path, SpecbenchDoc(**report))
 
 
-
 def _prompt_ids(run, source: str, limit, max_new_tokens: int, gsm8k_data) -> tuple[list[list[int]], dict]:
     """One source's prompts as token ids, cut from the left so that prompt plus completion fit the
     model's context. Text prompts use the tokenizer's own convention (as the evals do); heldout
@@ -135,7 +133,6 @@ def _prompt_ids(run, source: str, limit, max_new_tokens: int, gsm8k_data) -> tup
             "max_tokens": max(len(x) for x in ids), "truncated": sum(len(x) > keep for x in full),
             "kept_tokens": keep}
     return ids, info | ({"documents": origin} if origin else {})
-
 
 
 def _load_draft(draft_run, run, device):

@@ -18,17 +18,13 @@ from mtp_cli.model.hf import generation_config, to_hf_model
 PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
 
 
-
 SAMPLED_SKIP = "measured at temperature 0 only, to keep the benchmark's cost down"
-
 
 
 PRIMARY_ONLY_SKIP = "peers timed in the primary condition only (--peers primary)"
 
 
-
 SAMPLE_SEED = 0
-
 
 
 @dataclass
@@ -51,15 +47,12 @@ class Tally:
 Runner = Callable[[list[list[int]], Tally], tuple[list[list[int]], float]]  # batch -> (outputs, TTFT)
 
 
-
 def weight_bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-
 def applicable(runners: dict, bs: int) -> dict:
     return {m: r for m, r in runners.items() if bs == 1 or m not in ("hf_prompt_lookup", "hf_assisted")}
-
 
 
 def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
@@ -80,11 +73,9 @@ def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k:
     return runners | {name: _hf_runner(hf, tokenizer, max_new_tokens, extra, t) for name, extra in peers.items()}, {}
 
 
-
 def _generator(device, temperature: float, first_prompt: int) -> torch.Generator | None:
     """Sampling's random numbers: one stream per batch, seeded by its first prompt's index."""
     return torch.Generator(device).manual_seed(SAMPLE_SEED + first_prompt) if temperature > 0 else None
-
 
 
 def _ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature: float = 0.0) -> Runner:
@@ -95,7 +86,6 @@ def _ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature
                        compile=compile, timer=tally.timer)
         return out, tally.timer.total["prefill"] - before
     return run
-
 
 
 def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0,
@@ -112,7 +102,6 @@ def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, tempe
     return run
 
 
-
 def hf_model(run):
     from transformers.utils import logging as hf_logging
 
@@ -121,7 +110,6 @@ def hf_model(run):
     model = to_hf_model(run).to(run.model.trunk.embed_tokens.weight.device)
     model.generation_config = generation_config(run.tokenizer)
     return model
-
 
 
 class _FirstToken:
@@ -138,7 +126,6 @@ class _FirstToken:
 
     def end(self) -> None:
         pass
-
 
 
 def _hf_runner(hf, tokenizer, max_new_tokens: int, extra: dict, temperature: float = 0.0) -> Runner:

@@ -13,14 +13,11 @@ from mtp_cli.run_files import SPEC_JSON
 JSON_NAME = SPEC_JSON
 
 
-
 INTERVAL = "95% percentile-bootstrap interval of the median over repeats"
-
 
 
 ACCEPTANCE_INTERVAL = ("95% percentile bootstrap of accepted/drafted (ratio of sums) over prompts (batch size 1) "
                        "or batches (larger batch sizes), first timed repeat")
-
 
 
 def header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) -> dict:
@@ -54,11 +51,9 @@ def header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) ->
     }
 
 
-
 def condition_entry(condition: Condition, prompt_info: dict) -> dict:
     return {"name": condition.name, "prompts": prompt_info, "temperature": condition.temperature,
             "baseline": condition.baseline, "results": {}, "summary": {}, "skipped": {}, "text": {}}
-
 
 
 def headline(results: dict, baseline: str = "greedy") -> dict:
