@@ -29,6 +29,7 @@ from mtp_cli import env, outputs, paths, stats, ui
 from mtp_cli.config import EvalConfig, Runtime
 from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k, humaneval, sandbox
+from mtp_cli.evals.lm import MTPLM
 from mtp_cli.evals.runner import hf_json_path, hf_run, samples_path, write_rows
 from mtp_cli.result_docs import EvalDoc, ci_key, read_eval, write_eval
 from mtp_cli.run_files import EVAL_JSON, LM_EVAL_JSON
@@ -38,7 +39,7 @@ TASKS = ("humaneval", "gsm8k")
 HARNESS = "lm-eval hf"
 TASK_YAML = Path(__file__).parent / "tasks" / "humaneval_local.yaml"
 TASK_NAME = "humaneval_local"
-BATCH_SIZE = 8
+BATCH_SIZE = 16  # lm-eval sorts requests by length, so rows of a batch pad little
 
 
 def completions(resps: list[list[str]], docs: list[dict]) -> list[list[str]]:
@@ -111,6 +112,10 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
     context = run.recipe.model.context
     json_path = outputs.file(Path(json_path) if json_path else hf_json_path(source).with_name(LM_EVAL_JSON), "--json")
     json_path.parent.mkdir(parents=True, exist_ok=True)
+    fewshot = cfg.gsm8k_fewshot
+    if "gsm8k" in cfg.tasks and fewshot is None:  # as `mtp eval`: the recipe's count, lowered until its prompts fit
+        fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=run.model.trunk, tokenizer=run.tokenizer), cfg.limit("gsm8k"),
+                                        gsm8k_dir, run.recipe.eval.gsm8k_fewshot or 0)
     del run
     lm = HFLM(pretrained=str(src.path), backend="causal", dtype="float32", device=str(device), batch_size=BATCH_SIZE,
               max_length=context)
@@ -124,7 +129,6 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
         if task == "humaneval":
             results[task] = _humaneval(lm, cfg.limit(task), humaneval.MAX_NEW_TOKENS, json_path)
         else:
-            fewshot = cfg.gsm8k_fewshot if cfg.gsm8k_fewshot is not None else gsm8k.NUM_FEWSHOT
             result = gsm8k.run(lm, cfg.limit(task), gsm8k_dir, num_fewshot=fewshot)
             path = samples_path(json_path, "gsm8k")
             write_rows(path, result.pop("samples"))
