@@ -182,15 +182,16 @@ def eval_(
         raise UserError("--recipe is for --hf (a run evaluates on its own recipe's data)")
     if harness not in ("mtp", "lm-eval"):
         raise UserError(f"--harness must be mtp or lm-eval, got {harness!r}")
-    if harness == "lm-eval" and hf is None:
-        raise UserError("--harness lm-eval evaluates a Hugging Face checkpoint: give --hf SOURCE")
+    if harness == "lm-eval" and (hf is None or run is not None or text is not None):
+        raise UserError("--harness lm-eval evaluates a Hugging Face checkpoint: give --hf SOURCE (no run folder, no --text)")
     names = parse_tasks(tasks or ("humaneval,gsm8k" if harness == "lm-eval" else "humaneval,gsm8k,heldout"))
     cfg = EvalConfig(tasks=names, limits=parse_limits(limit, names),
                      gsm8k_data=str(paths.gsm8k_data(gsm8k_data) or paths.HUB), gsm8k_fewshot=gsm8k_fewshot,
                      truncate=truncate, samples=samples, temperature=temperature)
     rt = Runtime(device=device, threads=threads, compile=compile)
     if harness == "lm-eval":
-        from mtp_cli.evals.lm_eval_hf import agreement, run_lm_eval
+        from mtp_cli.evals.harness_agreement import agreement
+        from mtp_cli.evals.lm_eval_hf import run_lm_eval
 
         doc = run_lm_eval(hf, cfg, rt, recipe=recipe, json_path=json_path)
         beside = agreement(Path(doc["json_path"]))  # when `mtp eval --hf` wrote eval.json in the same folder

@@ -50,16 +50,21 @@ def parse_limits(text: str | None, tasks: Sequence[str]) -> dict[str, int]:
     """`--limit 50` (every task) or `--limit humaneval=0,gsm8k=200` (per task) as `EvalConfig.limits`."""
     if text is None or not str(text).strip():
         return {}
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) == 1 and "=" not in parts[0]:
+        parts = [f"{t}={parts[0]}" for t in tasks]
     limits: dict[str, int] = {}
-    for part in str(text).split(","):
-        task, _, value = part.rpartition("=")
+    for part in parts:
+        task, _, value = part.partition("=")
         try:
-            n = int(value)
+            limits[task.strip() or _no_task(text)] = int(value)
         except ValueError:
-            raise UserError(f"--limit {text}: expected N or task=N[,task=N], got {part.strip()!r}") from None
-        for name in ([task.strip()] if task else tasks):
-            limits[name] = n
+            raise UserError(f"--limit {text}: expected N or task=N[,task=N], got {part!r}") from None
     return limits
+
+
+def _no_task(text: str):
+    raise UserError(f"--limit {text}: expected N or task=N[,task=N] (each part names its task)")
 
 
 def samples_path(json_path: Path, task: str, kind: str = "samples") -> Path:
