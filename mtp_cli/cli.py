@@ -146,8 +146,10 @@ def export(
 @app.command("eval")
 def eval_(
     run: Path | None = typer.Argument(None, help="A run folder (from `mtp train`); or give --hf."),
-    tasks: str = typer.Option("humaneval,gsm8k,heldout", help="Comma-separated: humaneval, gsm8k, heldout."),
-    limit: int | None = typer.Option(None, help="First N problems / documents / validation windows of each task (0 = all)."),
+    tasks: str | None = typer.Option(None, help="Comma-separated: humaneval, gsm8k, heldout [default: all three; "
+                                                 "humaneval,gsm8k with --harness lm-eval]."),
+    limit: str | None = typer.Option(None, help="First N problems / documents / validation windows of each task, or "
+                                                "per task: humaneval=0,gsm8k=200 (0 = all)."),
     gsm8k_data: Path | None = typer.Option(None, help="Folder with GSM8K train.jsonl + test.jsonl, or `hub` for the "
                                               "stock online task [default: $MTP_GSM8K_DATA, else the repository's data/gsm8k]."),
     samples: int = typer.Option(1, help="HumanEval completions per problem (pass@k for k <= n)."),
@@ -168,21 +170,36 @@ def eval_(
                                          "(default: quick)."),
     compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
+    harness: str = typer.Option("mtp", help="mtp (ours) | lm-eval: with --hf, HumanEval and GSM8K through lm-eval's "
+                                         "own Hugging Face backend instead (default --json: eval_lm_eval.json)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
     from mtp_cli import paths
     from mtp_cli.config import EvalConfig, Runtime
-    from mtp_cli.evals.runner import parse_tasks, results_table, run_eval
+    from mtp_cli.evals.runner import parse_limits, parse_tasks, results_table, run_eval
 
     if recipe is not None and hf is None:
         raise UserError("--recipe is for --hf (a run evaluates on its own recipe's data)")
-    names = parse_tasks(tasks)
-    cfg = EvalConfig(tasks=names, limits={t: limit for t in names} if limit is not None else {},
+    if harness not in ("mtp", "lm-eval"):
+        raise UserError(f"--harness must be mtp or lm-eval, got {harness!r}")
+    if harness == "lm-eval" and (hf is None or run is not None or text is not None):
+        raise UserError("--harness lm-eval evaluates a Hugging Face checkpoint: give --hf SOURCE (no run folder, no --text)")
+    names = parse_tasks(tasks or ("humaneval,gsm8k" if harness == "lm-eval" else "humaneval,gsm8k,heldout"))
+    cfg = EvalConfig(tasks=names, limits=parse_limits(limit, names),
                      gsm8k_data=str(paths.gsm8k_data(gsm8k_data) or paths.HUB), gsm8k_fewshot=gsm8k_fewshot,
                      truncate=truncate, samples=samples, temperature=temperature)
-    doc = run_eval(run, cfg, Runtime(device=device, threads=threads, compile=compile), hf=hf, recipe=recipe, text=text,
-                   json_path=json_path)
+    rt = Runtime(device=device, threads=threads, compile=compile)
+    if harness == "lm-eval":
+        from mtp_cli.evals.harness_agreement import agreement
+        from mtp_cli.evals.lm_eval_hf import run_lm_eval
+
+        doc = run_lm_eval(hf, cfg, rt, recipe=recipe, json_path=json_path)
+        beside = agreement(Path(doc["json_path"]))  # when `mtp eval --hf` wrote eval.json in the same folder
+    else:
+        doc, beside = run_eval(run, cfg, rt, hf=hf, recipe=recipe, text=text, json_path=json_path), None
     ui.out.print(results_table(doc))
+    if beside is not None:
+        ui.out.print(beside)
     ui.out.print(f"results written to {doc['json_path']}", markup=False)
 
 

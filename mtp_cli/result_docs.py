@@ -44,6 +44,7 @@ class EvalDoc:
     git_commit: str
     results: dict[str, dict[str, Any]]  # task -> its metrics, each interval under ci_key(metric)
     hf: dict[str, Any] | None = None  # the checkpoint's record, for `mtp eval --hf`
+    harness: str = "mtp"  # who generated and scored: "mtp", or "lm-eval hf" (`mtp eval --harness lm-eval`)
     schema: int = EVAL_SCHEMA
 
 

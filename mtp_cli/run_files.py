@@ -9,6 +9,7 @@ TOKENIZER = "tokenizer"
 EXPORT = "export"  # the trunk as a Hugging Face checkpoint (MTP modules discarded)
 EXPORT_INFO = "mtp_export.json"  # inside the export: which run, step and objective it came from
 EVAL_JSON = "eval.json"
+LM_EVAL_JSON = "eval_lm_eval.json"  # `mtp eval --hf SOURCE --harness lm-eval`: the same tasks through lm-eval's HF backend
 SPEC_JSON = "specbench.json"
 ABLATE_JSON = "ablate.json"  # `mtp ablate`'s record of the cell's stages
 ABLATE_LOG = "ablate.log"  # a run's stage failures, with their tracebacks

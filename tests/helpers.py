@@ -280,3 +280,19 @@ def first_two_token_law(trunk, prompt, temperature):
         batch = torch.cat([torch.tensor([prompt]).expand(V, -1), torch.arange(V)[:, None]], 1)
         p2 = probs_from_logits(trunk(batch)[:, -1], temperature).double()
     return p1, p1 @ p2
+
+
+def random_export_dir(tokenizer_run: Path, out: Path, **config) -> Path:
+    """A tiny trunk with large random weights (varied, tie-free greedy output), saved as a Hugging Face
+    checkpoint with `tokenizer_run`'s tokenizer, for lm-eval's HFLM."""
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.model import hf
+    from mtp_cli.model.trunk import Trunk, init_weights
+
+    torch.manual_seed(0)
+    trunk = Trunk(tiny_model_config(**config))
+    init_weights(trunk, 0.3)
+    tok = load_run(tokenizer_run).tokenizer
+    hf.trunk_to_hf(trunk, tok).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

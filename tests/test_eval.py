@@ -117,6 +117,14 @@ def test_limits_and_tasks_are_validated():
     assert [cfg.limit(t) for t in cfg.tasks] == [None, 5, None]
     with pytest.raises(UserError, match="--limit"):
         EvalConfig(tasks=["heldout"], limits={"heldout": -1}).validate()
+    tasks = ["humaneval", "gsm8k"]
+    assert runner.parse_limits("50", tasks) == {"humaneval": 50, "gsm8k": 50}
+    assert runner.parse_limits("humaneval=0, gsm8k=200", tasks) == {"humaneval": 0, "gsm8k": 200}
+    assert runner.parse_limits(None, tasks) == {}
+    with pytest.raises(UserError, match="expected N or task=N"):
+        runner.parse_limits("gsm8k=all", tasks)
+    with pytest.raises(UserError, match="unknown task 'mbpp'"):
+        EvalConfig(tasks=tasks, limits=runner.parse_limits("mbpp=3", tasks)).validate()
     for samples, temperature, message in ((0, 0.0, "--samples"), (1, -0.5, "--temperature"), (4, 0.0, "--temperature")):
         with pytest.raises(UserError, match=message):
             EvalConfig(samples=samples, temperature=temperature).validate()
@@ -161,6 +169,9 @@ def test_cli_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, capsys, monke
     one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--gsm8k-data", tmp_path), "train.jsonl")
     one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "heldout", "--text", tmp_path / "nope.txt"), "--text")
     one_line_error(run("eval", tiny_runs["ntp"], "--tasks", "humaneval", "--samples", "4"), "--temperature")
+    one_line_error(run("eval", tiny_runs["ntp"], "--harness", "lm-eval"), "give --hf SOURCE")
+    one_line_error(run("eval", "--hf", tiny_runs["ntp"], "--harness", "lmeval"), "--harness must be mtp or lm-eval")
+    one_line_error(run("eval", tiny_runs["ntp"], "--limit", "gsm8k=all"), "--limit gsm8k=all")
 
     # a tokenizer that is not the one the checkpoint was trained with
     from mtp_cli.data import tokenizer as toklib

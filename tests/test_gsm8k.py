@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+from helpers import random_export_dir
 
-from mtp_cli.checkpoint import load_run
 from mtp_cli.data import gsm8k_format
 from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k
@@ -21,31 +20,16 @@ GSM8K_DATA = Path(__file__).resolve().parent / "data" / "gsm8k"  # a bundled sli
 needs_data = pytest.mark.skipif(not (GSM8K_DATA / "test.jsonl").is_file(), reason=f"no GSM8K data at {GSM8K_DATA}")
 
 
-def _random_export(tiny_runs, tmp_path_factory, **config) -> Path:
-    from helpers import tiny_model_config
-
-    from mtp_cli.model.trunk import Trunk, init_weights
-
-    torch.manual_seed(0)
-    trunk = Trunk(tiny_model_config(**config))
-    init_weights(trunk, 0.3)
-    tok = load_run(tiny_runs["ntp"]).tokenizer
-    out = tmp_path_factory.mktemp("random-export")
-    hf.trunk_to_hf(trunk, tok).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def random_export(tiny_runs, tmp_path_factory) -> Path:
     """A trunk with large random weights (varied, tie-free greedy output) exported for HFLM."""
-    return _random_export(tiny_runs, tmp_path_factory)
+    return random_export_dir(tiny_runs["ntp"], tmp_path_factory.mktemp("random-export"))
 
 
 @pytest.fixture(scope="module")
 def random_export_320(tiny_runs, tmp_path_factory) -> Path:
     """The same at context 320: room for lm-eval's 256 new tokens after a cut prompt (HFLM asserts that)."""
-    return _random_export(tiny_runs, tmp_path_factory, context=320)
+    return random_export_dir(tiny_runs["ntp"], tmp_path_factory.mktemp("random-export"), context=320)
 
 
 @needs_data

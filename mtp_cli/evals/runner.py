@@ -46,6 +46,27 @@ def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def parse_limits(text: str | None, tasks: Sequence[str]) -> dict[str, int]:
+    """`--limit 50` (every task) or `--limit humaneval=0,gsm8k=200` (per task) as `EvalConfig.limits`."""
+    if text is None or not str(text).strip():
+        return {}
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) == 1 and "=" not in parts[0]:
+        parts = [f"{t}={parts[0]}" for t in tasks]
+    limits: dict[str, int] = {}
+    for part in parts:
+        task, _, value = part.partition("=")
+        try:
+            limits[task.strip() or _no_task(text)] = int(value)
+        except ValueError:
+            raise UserError(f"--limit {text}: expected N or task=N[,task=N], got {part!r}") from None
+    return limits
+
+
+def _no_task(text: str):
+    raise UserError(f"--limit {text}: expected N or task=N[,task=N] (each part names its task)")
+
+
 def samples_path(json_path: Path, task: str, kind: str = "samples") -> Path:
     return json_path.with_name(f"{json_path.stem}_{task}_{kind}.jsonl")
 
@@ -248,5 +269,6 @@ def results_table(doc: dict):
             for e in h["extra"]:
                 rows.append([label, f"{e['name']} ({e['predicts']}) loss / top-1 / agree",
                              f"{e['loss']:.3f} / {e['top1']:.3f} / {e['agree']:.3f}", "", f"{e['n']:,}"])
-    return Table(f"{doc['run']} (step {doc['step']}, {doc['objective']}) — trunk only, MTP modules discarded",
+    by = f", {doc['harness']}" if doc.get("harness", "mtp") != "mtp" else ""
+    return Table(f"{doc['run']} (step {doc['step']}, {doc['objective']}{by}) — trunk only, MTP modules discarded",
                  ["task", "metric", "value", "95% CI", "n"], rows)
