@@ -378,6 +378,8 @@ def test_a_change_to_the_source_recipe_is_a_new_version_and_force_discards_the_s
     posthoc = tmp_path / "posthoc.toml"
     posthoc.write_text(f'[source]\nrecipe = "{base}"\nvariant = "ntp"\n')
     before = cells.fingerprint(posthoc)
+    base.write_text(base.read_text() + '\n[[variants]]\nname = "ntp-init"\ninit_seed_offset = 1000\n')
+    assert cells.fingerprint(posthoc) == before  # another variant of the source recipe makes no source run
     base.write_text(base.read_text().replace("steps = 6", "steps = 7"))
     assert cells.fingerprint(posthoc) != before
     folder = tmp_path / "res" / "posthoc"

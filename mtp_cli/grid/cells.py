@@ -48,12 +48,15 @@ def fingerprint(source: Path) -> str:
     and without `description`). Defaults are not in it, so a new option in the code does not orphan
     stored results; what changed in the code is in each run's git commit. Nor is `eval.gsm8k_data`:
     where the data lives is not what the recipe is. A recipe that `extends` another hashes the tables it
-    ends up with, and one whose [source] trains a run of another recipe hashes that recipe too: a change
-    to the other is a new version of this one (its source run, baseline and runs are then stale)."""
+    ends up with, and one whose [source] trains a run of another recipe hashes that recipe too, as far as
+    it makes the source run (its tables and the variant named, not that recipe's other variants): a change
+    there is a new version of this one (its source run, baseline and runs are then stale)."""
     data = recipe_data(source)
-    source_recipe = (data.get("source") or {}).get("recipe")
-    if source_recipe:
-        data["source_recipe"] = _versioned(recipe_data(resolve_recipe_path(source_recipe)))
+    source_table = data.get("source") or {}
+    if source_table.get("recipe"):
+        other = _versioned(recipe_data(resolve_recipe_path(source_table["recipe"])))
+        other["variants"] = [v for v in other.get("variants", []) if v.get("name") == source_table.get("variant")]
+        data["source_recipe"] = other
     return hashlib.sha256(json.dumps(_versioned(data), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
