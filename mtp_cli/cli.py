@@ -170,6 +170,8 @@ def eval_(
                                          "(default: quick)."),
     compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
+    humaneval_prompt: str = typer.Option("raw", help="raw HumanEval prompt | instruct: lm-eval's humaneval_instruct "
+                                                     "text under the model's chat template (for chat-tuned models)."),
     harness: str = typer.Option("mtp", help="mtp (ours) | lm-eval: with --hf, HumanEval and GSM8K through lm-eval's "
                                          "own Hugging Face backend instead (default --json: eval_lm_eval.json)."),
 ) -> None:
@@ -187,7 +189,7 @@ def eval_(
     names = parse_tasks(tasks or ("humaneval,gsm8k" if harness == "lm-eval" else "humaneval,gsm8k,heldout"))
     cfg = EvalConfig(tasks=names, limits=parse_limits(limit, names),
                      gsm8k_data=str(paths.gsm8k_data(gsm8k_data) or paths.HUB), gsm8k_fewshot=gsm8k_fewshot,
-                     truncate=truncate, samples=samples, temperature=temperature)
+                     truncate=truncate, samples=samples, temperature=temperature, humaneval_prompt=humaneval_prompt)
     rt = Runtime(device=device, threads=threads, compile=compile)
     if harness == "lm-eval":
         from mtp_cli.evals.harness_agreement import agreement

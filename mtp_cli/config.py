@@ -252,6 +252,7 @@ class EvalConfig:
     baseline: bool = False  # also evaluate train.init_from itself (`mtp eval --hf`): the "before" row
     samples: int = 1  # HumanEval completions per problem (pass@k for k <= samples)
     temperature: float = 0.0  # HumanEval sampling temperature (0: greedy)
+    humaneval_prompt: str = "raw"  # raw HumanEval prompt | instruct: lm-eval's humaneval_instruct under the chat template
 
     def limit(self, task: str) -> int | None:
         return self.limits.get(task) or None
@@ -276,6 +277,8 @@ class EvalConfig:
             raise UserError(f"--samples must be >= 1, got {self.samples}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.humaneval_prompt not in ("raw", "instruct"):
+            raise UserError(f"eval.humaneval_prompt (--humaneval-prompt) must be raw or instruct, got {self.humaneval_prompt!r}")
         if self.samples > 1 and self.temperature <= 0:
             raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
 

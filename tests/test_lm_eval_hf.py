@@ -13,7 +13,7 @@ from lm_eval.tasks import TaskManager
 
 from mtp_cli.config import EvalConfig
 from mtp_cli.errors import UserError
-from mtp_cli.evals import harness_agreement, humaneval, lm_eval_hf
+from mtp_cli.evals import harness_agreement, humaneval, humaneval_tasks, lm_eval_hf
 from mtp_cli.evals.runner import run_eval
 from mtp_cli.evals.tasks.humaneval_local import completions, passed
 
@@ -29,8 +29,8 @@ def export_320(tiny_runs, tmp_path_factory) -> Path:
 
 
 def test_the_task_is_the_stock_humaneval_offline(tmp_path):
-    manager = TaskManager(include_path=str(lm_eval_hf._render(tmp_path, 256)), include_defaults=False)
-    task = manager.load([lm_eval_hf.TASK_NAME])["tasks"][lm_eval_hf.TASK_NAME]
+    manager = TaskManager(include_path=str(humaneval_tasks.render(tmp_path, 256)), include_defaults=False)
+    task = manager.load([humaneval_tasks.RAW])["tasks"][humaneval_tasks.RAW]
     docs = list(task.test_docs())
     problems = humaneval.load_problems()
     assert [d["task_id"] for d in docs] == list(problems)
@@ -123,6 +123,38 @@ def test_both_harnesses_give_the_same_completions_and_scores(export_320, tmp_pat
     (tmp_path / "eval_lm_eval.json").write_text(json.dumps(doc))
     table = harness_agreement.agreement(tmp_path / "eval_lm_eval.json")
     assert not table.rows and "context 320 vs 512" in table.empty and "humaneval limit 4 vs 8" in table.empty
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+          "{% if not (loop.last and continue_final_message) %}<|im_end|>\n{% endif %}{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_instruct_prompts_are_lm_evals_and_both_harnesses_agree(tiny_runs, tmp_path):
+    """--humaneval-prompt instruct: our harness sends the very text lm-eval's humaneval_instruct builds under
+    the chat template (read back from lm-eval's logged requests), and the completions are the same."""
+    from transformers import AutoTokenizer
+
+    export = random_export_dir(tiny_runs["ntp"], tmp_path / "chat", context=320)
+    tok = AutoTokenizer.from_pretrained(export)
+    tok.chat_template = CHATML
+    tok.save_pretrained(export)
+    cfg = EvalConfig(tasks=["humaneval"], limits={"humaneval": 3}, humaneval_prompt="instruct")
+    ours = run_eval(None, cfg, hf=str(export), json_path=tmp_path / "eval.json", show_progress=False)
+    theirs = lm_eval_hf.run_lm_eval(str(export), cfg, json_path=tmp_path / "eval_lm_eval.json")
+    rows = [json.loads(line) for line in (tmp_path / theirs["results"]["humaneval"]["items_path"]).read_text().splitlines()]
+    problems = humaneval.load_problems(3)
+    texts = humaneval_tasks.instruct_prompts(tok, problems)
+    assert [r["prompt"] for r in rows] == [texts[t] for t in problems]
+    first = texts["HumanEval/0"]
+    assert first.startswith("<|im_start|>user\nWrite a solution") and first.endswith(
+        "<|im_start|>assistant\nHere is the completed function:\n```python\n" + problems["HumanEval/0"]["prompt"] + "\n")
+    ours_rows = [json.loads(line) for line in (tmp_path / ours["results"]["humaneval"]["items_path"]).read_text().splitlines()]
+    assert [r["completion"] for r in ours_rows] == [r["completion"] for r in rows]
+    assert len({r["completion"] for r in rows}) == 3
+    styles = [doc["results"]["humaneval"]["decoding"]["prompt"] for doc in (ours, theirs)]
+    assert styles == ["instruct", "instruct"]
+    assert harness_agreement.agreement(tmp_path / "eval_lm_eval.json").rows[0][5:] == ["3/3", "3/3"]
 
 
 def test_lm_eval_harness_refuses_what_it_does_not_run(export_320):

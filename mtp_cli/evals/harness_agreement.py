@@ -45,9 +45,11 @@ def differences(ours: dict, theirs: dict) -> list[str]:
     g1, g2 = ours["results"].get("gsm8k"), theirs["results"].get("gsm8k")
     if g1 and g2 and g1["num_fewshot"] != g2["num_fewshot"]:
         out.append(f"GSM8K {g1['num_fewshot']}-shot vs {g2['num_fewshot']}-shot")
-    h1 = ours["results"].get("humaneval")
+    h1, h2 = ours["results"].get("humaneval"), theirs["results"].get("humaneval")
     if h1 and (h1["decoding"]["samples"] != 1 or h1["decoding"]["temperature"]):
         out.append("HumanEval sampled, not greedy")
+    if h1 and h2 and h1["decoding"].get("prompt", "raw") != h2["decoding"].get("prompt", "raw"):
+        out.append(f"HumanEval prompt {h1['decoding'].get('prompt', 'raw')} vs {h2['decoding'].get('prompt', 'raw')}")
     return out
 
 

