@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import sysconfig
 from pathlib import Path
 
 from mtp_cli.env import REPO
@@ -67,6 +68,18 @@ def shown(path: str | Path) -> str:
         return str(path.relative_to(REPO))
     except ValueError:
         return str(path)
+
+
+def portable(path: str | Path) -> str:
+    """`shown`, and a file inside an installed package as `package/...`: results name neither the clone's
+    folder nor the environment's."""
+    resolved = Path(path).resolve()
+    for root in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        try:
+            return str(resolved.relative_to(Path(root).resolve()))
+        except ValueError:
+            continue
+    return shown(resolved)
 
 
 def gsm8k_source_hint() -> str:

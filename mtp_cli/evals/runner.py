@@ -151,7 +151,7 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
             seconds[task] = round(time.perf_counter() - t0, 2)
     doc = EvalDoc(run=subject.source.name if subject.source else str(run_dir), step=subject.run.step,
                   objective=subject.run.model.objective, hf=subject.source.record() if subject.source else None,
-                  export=str(subject.export_dir) if subject.export_dir else None,
+                  export=paths.portable(subject.export_dir) if subject.export_dir else None,
                   context=subject.run.recipe.model.context, tasks=list(cfg.tasks),
                   limits={task: cfg.limit(task) for task in cfg.tasks}, seconds=seconds, hardware=env.hardware(),
                   git_commit=env.git_commit(), results=results)

@@ -23,7 +23,7 @@ import time
 from functools import cache
 from pathlib import Path
 
-from mtp_cli import ui
+from mtp_cli import paths, ui
 from mtp_cli.config import DataConfig
 from mtp_cli.data.shards import cache_root
 from mtp_cli.errors import UserError
@@ -162,4 +162,4 @@ def record(folder: Path) -> dict:
     if not marker.is_file():
         return {}
     info = json.loads(marker.read_text())
-    return {"gguf": {"file": info.get("file"), "sha256": info.get("sha256")}}
+    return {"gguf": {"file": paths.portable(info["file"]) if info.get("file") else None, "sha256": info.get("sha256")}}

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from mtp_cli import paths
 from mtp_cli.config import ModelConfig, Recipe
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
@@ -53,7 +54,7 @@ class Source:
 
     def record(self) -> dict:
         """What run.json keeps: the source as given, where it was read, and the hash of its weights."""
-        return {"source": self.name, "path": str(self.path), "architecture": self.architecture,
+        return {"source": self.name, "path": paths.portable(self.path), "architecture": self.architecture,
                 "weights_sha256": weights_hash(self.path), **gguf.record(self.path)}
 
 
