@@ -172,3 +172,28 @@ def test_lm_eval_harness_refuses_a_context_without_room(tiny_runs, tmp_path):
     export = random_export_dir(tiny_runs["ntp"], tmp_path / "c256", context=256)
     with pytest.raises(UserError, match="needs a context above its 256 new tokens"):
         lm_eval_hf.run_lm_eval(str(export), EvalConfig(tasks=["humaneval"]), json_path=tmp_path / "e.json")
+
+
+def test_a_chat_templated_text_that_starts_with_bos_gets_no_second_one():
+    """As HFLM: a context that already begins with the BOS token is encoded without special tokens."""
+    from types import SimpleNamespace
+
+    from mtp_cli.decode.batching import encode
+
+    class Tok:
+        bos_token = "<s>"
+
+        def __call__(self, text, add_special_tokens=True):
+            ids = ([1] if add_special_tokens else []) + [ord(c) for c in text.replace(self.bos_token, "\x01")]
+            return SimpleNamespace(input_ids=ids)
+
+    assert encode(Tok(), "<s>user: hi") == [1, *map(ord, "user: hi")]
+    assert encode(Tok(), "def f():") == [1, *map(ord, "def f():")]
+
+
+def test_instruct_needs_a_chat_template_before_any_model_work(export_320, tmp_path):
+    cfg = EvalConfig(tasks=["humaneval"], limits={"humaneval": 1}, humaneval_prompt="instruct")
+    with pytest.raises(UserError, match="needs a tokenizer with a chat template"):
+        run_eval(None, cfg, hf=str(export_320), json_path=tmp_path / "eval.json", show_progress=False)
+    with pytest.raises(UserError, match="needs a tokenizer with a chat template"):
+        lm_eval_hf.run_lm_eval(str(export_320), cfg, json_path=tmp_path / "eval_lm_eval.json")

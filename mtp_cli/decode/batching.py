@@ -25,8 +25,10 @@ BATCH_SIZE = 64
 
 
 def encode(tokenizer, text: str) -> list[int]:
-    """Token ids of a prompt, with the tokenizer's own special-token convention (as lm-eval's HFLM)."""
-    return tokenizer(text).input_ids
+    """Token ids of a prompt, with the tokenizer's own special-token convention (as lm-eval's HFLM), except
+    that a text which already starts with the BOS token (a chat template's output) gets no second one, as HFLM."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos))).input_ids
 
 
 @torch.no_grad()

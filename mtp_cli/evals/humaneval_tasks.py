@@ -36,15 +36,20 @@ def chat_template(tokenizer):
     return apply
 
 
+def check_chat_template(tokenizer) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("--humaneval-prompt instruct needs a tokenizer with a chat template; this one has none")
+
+
 def instruct_prompts(tokenizer, task_ids) -> dict[str, str]:
     """{task_id: the text lm-eval's humaneval_instruct sends this model}: the instruction as the user's turn
     and the assistant's turn begun with "Here is the completed function:" and the problem's prompt."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError("--humaneval-prompt instruct needs a tokenizer with a chat template; this one has none")
+    check_chat_template(tokenizer)
     wanted = set(task_ids)
     with tempfile.TemporaryDirectory(prefix="mtp-humaneval-task-") as tmp:
         task = TaskManager(include_path=str(render(Path(tmp), 256)), include_defaults=False).load([INSTRUCT])["tasks"][INSTRUCT]
         template = chat_template(tokenizer)
         return {d["task_id"]: task.fewshot_context(d, num_fewshot=0, apply_chat_template=True, chat_template=template,
+                                                   fewshot_as_multiturn=True,
                                                    gen_prefix=task.doc_to_prefix(d))
                 for d in task.test_docs() if d["task_id"] in wanted}

@@ -92,6 +92,8 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
         raise UserError(f"--json {json_path}: {EVAL_JSON} is mtp's own harness's file; name lm-eval's another "
                         f"(default {LM_EVAL_JSON})")
     json_path.parent.mkdir(parents=True, exist_ok=True)
+    if "humaneval" in cfg.tasks and cfg.humaneval_prompt == "instruct":
+        humaneval_tasks.check_chat_template(run.tokenizer)
     fewshot = cfg.gsm8k_fewshot
     if "gsm8k" in cfg.tasks and fewshot is None:  # as `mtp eval`: the recipe's count, lowered until its prompts fit
         fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=run.model.trunk, tokenizer=run.tokenizer), cfg.limit("gsm8k"),

@@ -31,7 +31,7 @@ from mtp_cli.config import EVAL_TASKS, EvalConfig, MTPConfig, Runtime, load_reci
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
-from mtp_cli.evals import gsm8k, heldout, humaneval, sandbox
+from mtp_cli.evals import gsm8k, heldout, humaneval, humaneval_tasks, sandbox
 from mtp_cli.evals.lm import MTPLM
 from mtp_cli.model import MTPModel, pretrained
 from mtp_cli.model.hf import ensure_export, load_export
@@ -197,6 +197,8 @@ def _check_contexts(subject: _Subject, cfg: EvalConfig, rt: Runtime, gsm8k_dir: 
     if "gsm8k" in cfg.tasks and fewshot is None:
         fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=subject.trunk, tokenizer=subject.tokenizer), cfg.limit("gsm8k"), gsm8k_dir,
                                         subject.run.recipe.eval.gsm8k_fewshot or 0)
+    if "humaneval" in cfg.tasks and cfg.humaneval_prompt == "instruct":
+        humaneval_tasks.check_chat_template(subject.tokenizer)
     if "humaneval" in cfg.tasks:
         humaneval.check_context(subject.trunk, subject.tokenizer, cfg.limit("humaneval"), truncate=cfg.truncate,
                                 prompt_style=cfg.humaneval_prompt)

@@ -107,7 +107,7 @@ def locate(name: str, flag: str = "--init-from") -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}.", dir=folder.parent))
     try:
         info = dequantize(path, tmp, where=f"{flag} {name}")
-        (tmp / MARKER).write_text(json.dumps({"file": str(path), "sha256": sha, **info}, indent=1) + "\n")
+        (tmp / MARKER).write_text(json.dumps({"file": str(Path(path).resolve()), "sha256": sha, **info}, indent=1) + "\n")
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from its other users
         if not (folder / MARKER).is_file():  # else another process finished first: the same conversion
             if folder.exists():  # a folder without the marker is no finished conversion
