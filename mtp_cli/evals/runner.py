@@ -55,16 +55,11 @@ def parse_limits(text: str | None, tasks: Sequence[str]) -> dict[str, int]:
         parts = [f"{t}={parts[0]}" for t in tasks]
     limits: dict[str, int] = {}
     for part in parts:
-        task, _, value = part.partition("=")
-        try:
-            limits[task.strip() or _no_task(text)] = int(value)
-        except ValueError:
-            raise UserError(f"--limit {text}: expected N or task=N[,task=N], got {part!r}") from None
+        task, _, value = (p.strip() for p in part.partition("="))
+        if not task or not value.lstrip("-").isdigit():
+            raise UserError(f"--limit {text}: expected N or task=N[,task=N], got {part!r}")
+        limits[task] = int(value)
     return limits
-
-
-def _no_task(text: str):
-    raise UserError(f"--limit {text}: expected N or task=N[,task=N] (each part names its task)")
 
 
 def samples_path(json_path: Path, task: str, kind: str = "samples") -> Path:
