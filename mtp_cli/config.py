@@ -210,6 +210,7 @@ class TrainConfig:
     peak_flops: float = 0.0  # FLOP/s used for MFU; 0 = measure the fp32/bf16 matmul peak once
     init_from: str = ""  # a checkpoint the trunk starts from: folder, Hub id, .gguf file or short name; "" = random init
     freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
+    trunk_cache: bool = True  # a frozen trunk's states per batch are stored and reused (mtp_cli/trunk_cache.py)
     track: str = "none"  # none | tensorboard | wandb: also log the metrics there (rank 0)
     parallel: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (sharded: FSDP2 + DCP checkpoints)
 

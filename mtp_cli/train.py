@@ -39,6 +39,7 @@ from mtp_cli.model import loss as L
 from mtp_cli.model.flops import flops_per_token
 from mtp_cli.model.trunk import compile_blocks
 from mtp_cli.schedule import lr_at
+from mtp_cli.trunk_cache import TrunkStateCache
 
 # Keys of train.* that may change between an interrupted run and its resumption.
 RESUMABLE_TRAIN_KEYS = {"steps", "log_every", "eval_every", "ckpt_every", "eval_batches", "compile", "device", "track"}
@@ -330,6 +331,12 @@ class _Training:
         self.mem_efficient = (recipe.mtp.objective == "parallel" and recipe.mtp.memory_efficient
                               and not t.freeze_trunk and not self.fsdp)
         self.forward_model: nn.Module = model
+        self.trunk_states = None
+        if t.freeze_trunk and t.trunk_cache and not self.fsdp:
+            self.trunk_states = TrunkStateCache(shards.cache_root(recipe.data), model, {
+                "data": data.key, "context": recipe.model.context, "batch_size": t.batch_size,
+                "order_seed": t.order_seed, "grad_accum": t.grad_accum, "rank": ddp.rank, "world": ddp.world,
+                "device": device.type, "dtype": str(self.amp_dtype or torch.float32)})
         if ddp.world > 1 and not self.fsdp:
             self.forward_model = DDP(model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
         self.tokenizer_fingerprint = toklib.fingerprint(data.tokenizer)
@@ -377,8 +384,10 @@ class _Training:
         x, y = shards.train_batch(self.data.train, step, t.order_seed, t.batch_size, recipe.model.context,
                                   self.ddp.rank, self.ddp.world)
         x, y = x.to(self.device), y.to(self.device)
+        frozen = (lambda micro, xm, ym, total: self.trunk_states.get(step, micro, xm, ym, total)) \
+            if self.trunk_states is not None else None
         losses = accumulate(self.forward_model, self.model, x, y, lam, t.grad_accum, self.mem_efficient, self.ddp,
-                             self.autocast)
+                             self.autocast, frozen)
         if not all(math.isfinite(v) for v in losses.values()):
             raise UserError(f"loss is {losses['loss']} at step {step + 1}: training stopped, the last good "
                             f"checkpoint in {self.out} is kept (lower the learning rate?)")
@@ -466,7 +475,10 @@ class _Training:
         median = self.clock.median_step_time()
         achieved = self.fpt * self.tokens_per_step / median / ddp.world if median else None
         peak_note = None
-        if achieved and achieved > self.peak:  # the peak was measured low (a busy machine): no MFU beats > 100%
+        if achieved and self.trunk_states is not None and self.trunk_states.hits:
+            achieved, peak_note = None, ("the frozen trunk's states were read from its cache (trunk_cache): "
+                                         "its forward did not run every step, so no FLOP/s or MFU is reported")
+        elif achieved and achieved > self.peak:  # the peak was measured low (a busy machine): no MFU beats > 100%
             peak_note = (f"the matmul peak {self.peak / 1e9:.0f} GFLOP/s is below the achieved {achieved / 1e9:.0f} "
                          "GFLOP/s: unreliable, no MFU reported")
             if not t.peak_flops and ddp.main:  # later runs on this machine divide by at least what this one reached
@@ -477,6 +489,8 @@ class _Training:
             "status": "done", "step": step, **self.clock.summary(),
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
             "final": final, **({"peak_note": peak_note} if peak_note else {}),
+            **({"trunk_cache": {"hits": self.trunk_states.hits, "misses": self.trunk_states.misses}}
+               if self.trunk_states is not None else {}),
             "throughput": {
                 "step_time_s_median": median,
                 "tokens_per_s_median": self.tokens_per_step / median if median else None,
@@ -502,12 +516,13 @@ def _mark_stopped(out: Path, summary: dict, status: str, step: int, ddp: DistInf
 
 
 def accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: torch.Tensor, lam: float,
-                accum: int, mem_efficient: bool, ddp: DistInfo, autocast) -> dict[str, float]:
+                accum: int, mem_efficient: bool, ddp: DistInfo, autocast, frozen=None) -> dict[str, float]:
     """Forward+backward over `accum` micro-batches; returns the step's losses. Each loss (main, and each
     extra k) is its sum over this rank's valid targets divided by the count of valid targets in the
     whole global batch (every rank's micro-batches) over the world size: DDP and FSDP average the
     gradients over ranks, so the gradient is that of the global mean even when ranks hold different
-    numbers of valid targets (model/loss.py), and the logged losses, averaged over ranks, are its value."""
+    numbers of valid targets (model/loss.py), and the logged losses, averaged over ranks, are its value.
+    `frozen(micro, x, y, total)`: a frozen trunk's stored states of that micro-batch (trunk_cache.py)."""
     counts = L.valid_counts(y, model.n_extra).double()
     if ddp.world > 1:
         dist.all_reduce(counts)
@@ -522,7 +537,8 @@ def accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: to
             if mem_efficient:
                 out = parallel_backward(model, xm, ym, lam, totals=totals)
             else:
-                out = forward_model(xm, ym, lam, totals)
+                states = frozen(i, xm, ym, totals[0]) if frozen is not None else None
+                out = forward_model(xm, ym, lam, totals, states)
                 out.loss.backward()
         parts = {"loss": out.loss.detach(), "loss_main": out.loss_main.detach(),
                  **{f"loss_mtp_{k}": v.detach() for k, v in enumerate(out.loss_extra, 1)}}

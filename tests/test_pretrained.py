@@ -257,6 +257,35 @@ def test_frozen_trunk_is_bit_identical_after_training(checkpoints, case, tmp_pat
     assert moved  # the modules did train
 
 
+@pytest.mark.parametrize("mtp", [("sequential", {"depth": 1}), ("parallel", {"heads": 3, "compute_matched": False})])
+def test_trunk_state_cache_trains_the_same_modules(checkpoints, mtp, tmp_path, monkeypatch):
+    """A frozen trunk's stored states (train.trunk_cache) give the modules bit-identical weights and losses
+    to running the trunk every step: on the run that stores them, and on a second run that reads them all."""
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.config import MTPConfig
+    from mtp_cli.train import train
+
+    monkeypatch.setenv("MTP_CACHE_DIR", str(tmp_path / "cache"))
+    runs = {}
+    for name, cached in (("plain", False), ("stores", True), ("reads", True)):
+        recipe = _frozen_recipe(checkpoints["llama-tied"])
+        recipe.mtp = MTPConfig(mtp[0], **mtp[1])
+        recipe.train.trunk_cache = cached
+        recipe.train.grad_accum = 2
+        summary = train(recipe, tmp_path / name, show_progress=False)
+        runs[name] = (summary, load_run(tmp_path / name).model.mtp.state_dict())
+    assert "trunk_cache" not in runs["plain"][0]
+    assert runs["stores"][0]["trunk_cache"] == {"hits": 0, "misses": 12}  # 6 steps x 2 micro-batches
+    assert runs["reads"][0]["trunk_cache"] == {"hits": 12, "misses": 0}
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in runs}
+    for name in ("stores", "reads"):
+        for key, value in runs["plain"][1].items():
+            assert torch.equal(runs[name][1][key], value), (name, key)
+        for ref, row in zip(rows["plain"], rows[name]):
+            assert {k: v for k, v in ref.items() if "loss" in k} == {k: v for k, v in row.items() if "loss" in k}
+
+
 def test_self_distilled_data_is_the_trunks_greedy_text(checkpoints, tmp_path):
     """The self corpus is prompt + greedy continuation, as transformers' own greedy decoding writes it,
     cached under a key that carries the trunk's weights hash."""

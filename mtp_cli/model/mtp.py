@@ -54,6 +54,14 @@ class MTPModule(nn.Module):
 
 
 @dataclass
+class FrozenTrunk:
+    """What a frozen trunk gives one training batch, the same every time it sees that batch (so it can be
+    computed once and stored: train/trunk_cache.py): the input of its last layer, and its next-token loss."""
+    shared: torch.Tensor  # (B, T, d): the last layer's input (the parallel heads' shared state)
+    loss_main: torch.Tensor  # the trunk's next-token loss on the batch (its `totals[0]` division)
+
+
+@dataclass
 class Output:
     loss: torch.Tensor  # the combined training objective
     loss_main: torch.Tensor
@@ -109,32 +117,54 @@ class MTPModel(nn.Module):
         return [self.trunk.head(hidden)] + [self.extra_logits(k, h) for k, h in enumerate(extras, 1)]
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, lam: float | None = None,
-                totals: list[float] | None = None) -> Output | list[torch.Tensor]:
+                totals: list[float] | None = None, frozen: FrozenTrunk | None = None) -> Output | list[torch.Tensor]:
         """The losses (targets given; `totals`: what each loss k = 0..D divides its sum by, see
-        model/loss.py), or without targets `all_logits` (so that FSDP's hooks on this root module run)."""
+        model/loss.py), or without targets `all_logits` (so that FSDP's hooks on this root module run).
+        `frozen`: this batch's `frozen_pass`, stored earlier; the trunk then runs its last layer at most."""
         if targets is None:
             return self.all_logits(idx)
-        hidden, extras = self.hidden_states(idx)
+        hidden, extras = self.hidden_states(idx, frozen.shared if frozen is not None else None)
         weight = self.trunk.unembed_weight
         totals = totals or [None] * (len(extras) + 1)
-        loss_main = L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets, totals[0])
+        loss_main = (frozen.loss_main if frozen is not None
+                     else L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets, totals[0]))
         loss_extra = [L.linear_offset_loss(self.extra_normed(k, h), weight, targets, k, totals[k])
                       for k, h in enumerate(extras, 1)]
         lam = self.mtp_cfg.weight if lam is None else lam
         return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
 
-    def hidden_states(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def frozen_pass(self, idx: torch.Tensor, targets: torch.Tensor, total: float | None = None) -> FrozenTrunk:
+        """A frozen trunk's contribution to one batch (`total`: the next-token loss's division, as
+        `forward`'s totals[0]); computed exactly as `forward` computes it."""
+        if not self.frozen_trunk:
+            raise ValueError("frozen_pass needs a frozen trunk: a trained one changes every step")
+        trunk = self.trunk
+        with torch.no_grad():
+            x = trunk.embed_tokens(idx)
+            rope = trunk.rope(idx.shape[1], idx.device, x.dtype)
+            shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
+            hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
+            loss_main = L.linear_cross_entropy(trunk.norm(hidden), trunk.unembed_weight, targets, total)
+        return FrozenTrunk(shared, loss_main)
+
+    def hidden_states(self, idx: torch.Tensor, shared: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """Trunk hidden (pre-final-norm) over T positions, and each extra prediction's state over
-        its valid positions (T-k), already cut to length. A frozen trunk runs without autograd."""
+        its valid positions (T-k), already cut to length. A frozen trunk runs without autograd;
+        given its last layer's input (`shared`, from `frozen_pass`) it runs that layer only, and only
+        for sequential modules (parallel heads then return no trunk hidden: its loss is stored too)."""
         trunk, T = self.trunk, idx.shape[1]
         with torch.no_grad() if self.frozen_trunk else contextlib.nullcontext():
             x = trunk.embed_tokens(idx)
             rope = trunk.rope(T, idx.device, x.dtype)
-            if self.objective == "parallel":
+            if shared is not None and self.objective == "parallel":
+                hidden = None
+            elif self.objective == "parallel":
                 shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
                 hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
             else:
-                hidden = trunk.run_layers(x, 0, trunk.n_layers, rope)
+                start = 0 if shared is None else trunk.n_layers - 1
+                hidden = trunk.run_layers(x if shared is None else shared, start, trunk.n_layers, rope)
                 h = trunk.norm(hidden) if self.mtp_cfg.mtp_input == "post-norm" else hidden
         cos, sin = rope
         if self.objective == "parallel":
