@@ -298,6 +298,7 @@ class SpecbenchConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     repeats: int = 5
     draft_len: int | None = None  # None: the run's own number of modules/heads
+    draft_lens: list[int] | None = None  # or the fastest of these, chosen on untimed prompts (bench/draft_select.py)
     draft_vocab: int | None = None  # the modules draft from this many most frequent training tokens (None: V/4; 0: all)
     peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
 
@@ -313,6 +314,14 @@ class SpecbenchConfig:
             raise UserError(f"specbench.batch_sizes (--batch-sizes) must be integers >= 1, got {self.batch_sizes}")
         if self.draft_len is not None and self.draft_len < 1:
             raise UserError(f"specbench.draft_len (--draft-len) must be >= 1, got {self.draft_len}")
+        if self.draft_lens is not None:
+            if self.draft_len is not None:
+                raise UserError("set specbench.draft_len or specbench.draft_lens (--draft-len or --draft-lens), not both")
+            if not self.draft_lens or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.draft_lens):
+                raise UserError(f"specbench.draft_lens (--draft-lens) must be integers >= 1, got {self.draft_lens}")
+            if not self.limit:
+                raise UserError("specbench.draft_lens chooses k on prompts beyond the timed ones: "
+                                "it needs specbench.limit (--limit) > 0")
         if self.draft_vocab is not None and self.draft_vocab < 0:
             raise UserError(f"specbench.draft_vocab (--draft-vocab) must be >= 0 (0: the whole vocabulary), "
                             f"got {self.draft_vocab}")

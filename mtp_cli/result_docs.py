@@ -72,6 +72,8 @@ class SpecbenchDoc:
     primary: str
     conditions: list[dict[str, Any]] = field(default_factory=list)
     draft_vocab: dict[str, Any] | None = None
+    draft_len_selection: dict[str, Any] | None = None  # specbench.draft_lens: every candidate k, timed apart
+    weight_floor: dict[str, Any] | None = None  # a step's weight bytes over the read bandwidth measured in the run
     schema: int = SPEC_SCHEMA
 
 

@@ -68,9 +68,10 @@ def test_sequential_report(tiny_runs, tmp_path):
     params = report["params"]
     assert params["mtp_bytes"] == 4 * params["mtp"] and params["draft_bytes"] == 4 * params["draft_params"]
     assert cond["summary"]["1"]["mtp_lossless"] is True
-    for bs in ("1", "2"):  # the measured parts: verify for k = 1..max(3, draft length), no compile when eager
+    for bs in ("1", "2"):  # the measured parts: verify for k = 1..max(4, draft length), no compile when eager
         m, g = cond["results"][bs]["mtp"], cond["results"][bs]["greedy"]
-        assert list(m["t_verify_by_k_s"]) == ["1", "2", "3"] and all(t > 0 for t in m["t_verify_by_k_s"].values())
+        assert g["step_over_floor"] == pytest.approx(g["t_step_s"] / report["weight_floor"]["floor_s"])
+        assert list(m["t_verify_by_k_s"]) == ["1", "2", "3", "4"] and all(t > 0 for t in m["t_verify_by_k_s"].values())
         assert g["t_step_s"] > 0 and g["t_prefill_s"] > 0 and g["compile_s"] == m["compile_s"] == 0.0
         assert m["fused"] is False and m["t_verify_draft_s"] == pytest.approx(m["t_verify_s"] + m["t_draft_s"])
     assert report["environment"]["compile"] is False
@@ -81,7 +82,28 @@ def test_sequential_report(tiny_runs, tmp_path):
     console = Console(width=250, record=True)
     console.print(render_table(report))
     text = " ".join(console.export_text().split())
-    assert "bs 2 ms: step" in text and "verify k=1..3" in text
+    assert "bs 2 ms: step" in text and "verify k=1..4" in text and "weight-streaming floor" in text
+    floor = report["weight_floor"]  # a tied embedding is read whole by the unembedding: every parameter counts
+    assert floor["weight_bytes"] == 4 * params["trunk"] and floor["read_bytes_per_s"] > 0
+    assert report["draft_len_selection"] is None
+
+
+def test_draft_length_is_chosen_on_prompts_it_does_not_time(tiny_runs, tmp_path):
+    cfg = SpecbenchConfig(limit=3, max_new_tokens=8, repeats=1, draft_lens=[1, 3, 2], peers="primary")
+    report = run_specbench(tiny_runs["sequential"], cfg, json_path=tmp_path / "s.json", show_progress=False)
+    sel = report["draft_len_selection"]
+    assert sel["candidates"] == [1, 3, 2] and set(sel["by_k"]) == {"1", "2", "3"} and sel["prompts"] == 8
+    assert sel["chosen"] == max((1, 3, 2), key=lambda k: sel["by_k"][str(k)]["tokens_per_s"])
+    assert report["draft_len"] == sel["chosen"] and only(report)["results"]["1"]["mtp"]["lossless"]
+    for k, row in sel["by_k"].items():
+        assert len(row["acceptance_at"]) == int(k) and row["speedup"] > 0
+    from mtp_cli.bench.draft_select import tuning_prompts
+    everything = [[i] for i in range(20)]
+    assert tuning_prompts(everything, everything[:4], 4) == [[4], [8], [12], [16]]
+    for bad, needle in ((dict(draft_lens=[0]), "integers >= 1"), (dict(draft_lens=[2], draft_len=2), "not both"),
+                        (dict(draft_lens=[2], limit=0), "limit")):
+        with pytest.raises(UserError, match=needle):
+            SpecbenchConfig(**bad).validate()
 
 
 def test_parallel_report(tiny_runs, tmp_path):

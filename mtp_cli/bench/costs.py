@@ -9,7 +9,7 @@ from mtp_cli.bench.forward_cost import forward_costs
 from mtp_cli.decode.engine import engine_for
 from mtp_cli.decode.speculative import make_drafter
 
-VERIFY_WIDTHS_UP_TO = 3  # t_verify is measured for k = 1..max(3, the draft length)
+VERIFY_WIDTHS_UP_TO = 4  # t_verify is measured for k = 1..max(4, the draft length)
 
 
 def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | None, compile: bool,
@@ -17,7 +17,7 @@ def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | N
     """Beside the end-to-end phase means: the one-time compile cost of our decoders (`compile_s`, in
     their warm-up), and the trunk forward at fixed widths on these prompts (`t_forward_by_width_s`:
     width 1 is the plain step, width k+1 verifies k drafts; `t_verify_by_k_s` and its ratio to the
-    step for k = 1..max(3, k)); one row, greedy, also the fused verify-and-draft call
+    step for k = 1..max(4, k)); one row, greedy, also the fused verify-and-draft call
     (`t_forward_verify_draft_s`) and the draft's share of it, beyond verifying (`t_draft_s`)."""
     greedy_engine = engine_for(model.trunk, compile=compile)
     results[baseline]["compile_s"] = greedy_engine.compile_s

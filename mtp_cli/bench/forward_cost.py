@@ -53,3 +53,38 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
                 if i:
                     times[part].append((time.perf_counter() - t0) / block)
     return {part: sorted(t)[len(t) // 2] for part, t in times.items()}
+
+
+def streamed_bytes(trunk) -> int:
+    """The bytes of weights one decoding step reads: every parameter, except an untied input embedding
+    (a step reads only its rows for the new tokens); a tied one is read whole by the unembedding."""
+    skip = {id(trunk.embed_tokens.weight)} if trunk.lm_head is not None else set()
+    return sum(p.numel() * p.element_size() for p in trunk.parameters() if id(p) not in skip)
+
+
+def read_bandwidth(device, nbytes: int, rounds: int = 7) -> float:
+    """Bytes per second that a sum over `nbytes` of fp32 (at most 1 GiB, at least 64 MiB: beyond any cache)
+    reads at, on this device with its current threads: the median of `rounds` timed sums after one."""
+    n = max(64 << 20, min(nbytes, 1 << 30)) // 4
+    buffer = torch.ones(n, dtype=torch.float32, device=device)
+    times = []
+    for i in range(rounds + 1):
+        if buffer.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        buffer.sum()
+        if buffer.device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return n * 4 / sorted(times)[len(times) // 2]
+
+
+def weight_floor(trunk) -> dict:
+    """The weight-streaming floor of a decoding step: the bytes of weights it reads over the read
+    bandwidth measured now; what a memory-bound step cannot beat."""
+    nbytes = streamed_bytes(trunk)
+    bandwidth = read_bandwidth(trunk.embed_tokens.weight.device, nbytes)
+    return {"weight_bytes": nbytes, "read_bytes_per_s": bandwidth, "floor_s": nbytes / bandwidth,
+            "how": "weights a step reads (all but an untied input embedding) / the median rate of a sum over "
+                   "as many fp32 bytes, measured in this run with its threads"}

@@ -19,6 +19,14 @@ def render_table(report: dict):
     if dv and dv["size"] < dv["vocab_size"]:
         notes.append(f"drafts from the {dv['size']} most frequent training tokens of {dv['vocab_size']} "
                      f"({dv['training_share']:.0%} of training tokens; the trunk verifies over all)")
+    floor = report.get("weight_floor")
+    if floor:
+        notes.append(f"weight-streaming floor of a step: {floor['weight_bytes'] / 1e6:.0f} MB of weights at "
+                     f"{floor['read_bytes_per_s'] / 1e9:.1f} GB/s = {floor['floor_s'] * 1e3:.1f} ms")
+    sel = report.get("draft_len_selection")
+    if sel:
+        tried = ", ".join(f"k={k} {v['speedup']:.2f}x (MAL {v['mean_acceptance_length']:.2f})" for k, v in sel["by_k"].items())
+        notes.append(f"draft length {sel['chosen']} chosen on {sel['prompts']} untimed {sel['source']} prompts: {tried}")
     if "draft_bytes" in params:
         notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
     tables = [_condition_table(report, c) for c in report["conditions"]]
@@ -61,7 +69,8 @@ def _parts_notes(condition: dict) -> list[str]:
     notes = []
     for bs, methods in condition["results"].items():
         g, m = methods.get(condition["baseline"], {}), methods.get("mtp")
-        parts = [f"step {_fmt(g.get('t_step_s'), '{:.2f}', 1e3)}", f"prefill {_fmt(g.get('t_prefill_s'), '{:.1f}', 1e3)}"]
+        parts = [f"step {_fmt(g.get('t_step_s'), '{:.2f}', 1e3)} ({_fmt(g.get('step_over_floor'), '{:.2f}')}x the floor)",
+                 f"prefill {_fmt(g.get('t_prefill_s'), '{:.1f}', 1e3)}"]
         if m:
             verify = "/".join(_fmt(v, "{:.2f}", 1e3) for v in m.get("t_verify_by_k_s", {}).values())
             parts += [f"verify k=1..{len(m.get('t_verify_by_k_s', {}))} {verify}",

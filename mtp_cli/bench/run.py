@@ -32,6 +32,8 @@ import torch
 
 from mtp_cli import env, outputs, ui
 from mtp_cli.bench.costs import add_forward_costs
+from mtp_cli.bench.draft_select import choose_draft_len, tuning_prompts
+from mtp_cli.bench.forward_cost import weight_floor
 from mtp_cli.bench.measure import measure, summarise
 from mtp_cli.bench.runners import applicable, hf_model, methods_for, weight_bytes
 from mtp_cli.bench.schema import JSON_NAME, condition_entry, header, headline
@@ -80,8 +82,24 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
         prompt_sets[source] = _prompt_ids(run, source, limit, max_new_tokens, gsm8k_data)
     draft = _load_draft(draft_run, run, device) if draft_run else None
     model = run.model
+    lens = [draft_len_for(model, j) for j in cfg.draft_lens] if cfg.draft_lens and model.n_extra else None
     k = draft_len_for(model, cfg.draft_len) if model.n_extra else None
     vocab, vocab_info = draft_vocabulary(run, cfg.draft_vocab) if k else (None, None)
+    floor = weight_floor(model.trunk)
+    selection = None
+    if lens:
+        head = next(c for c in conditions if c.name == primary)
+        tuning = tuning_prompts(_prompt_ids(run, head.source, None, max_new_tokens, gsm8k_data)[0],
+                                prompt_sets[head.source][0])
+        if not tuning:
+            raise UserError(f"specbench.draft_lens: every {head.source} prompt is timed, none is left to choose k on; "
+                            "lower specbench.limit")
+        with ui.progress(transient=True, disable=not show_progress) as bar:
+            task = bar.add_task("choosing the draft length", total=2 * (len(lens) + 1), info="")
+            selection = choose_draft_len(model, lens, tuning, head.source, head.temperature, max_new_tokens,
+                                         run.tokenizer.eos_token_id, compile, vocab, device,
+                                         lambda m: bar.update(task, advance=1, info=m))
+        k = selection["chosen"]
     hf = hf_model(run)
     hf_draft = hf_model(draft) if draft is not None else None
     plans = [(c, *methods_for(c, run, hf, hf_draft, max_new_tokens, k, compile, cfg.peers == "all" or c.name == primary,
@@ -89,6 +107,7 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
 
     report = header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
     report["draft_vocab"] = vocab_info
+    report["draft_len_selection"], report["weight_floor"] = selection, floor
     report["environment"]["compile"] = compile
     n_tasks = sum(len(applicable(runners, bs)) * (repeats + 1) for _, runners, _ in plans for bs in batch_sizes)
     with ui.progress(transient=True, disable=not show_progress) as bar:
@@ -103,6 +122,8 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                 tallies = measure(active, ids, bs, repeats, device,
                                    lambda m, c=condition.name, b=bs: bar.update(task, advance=1, info=f"{c} bs {b} {m}"))
                 entry["results"][str(bs)] = summarise(tallies, model, ids, condition, run.tokenizer, bs)
+                base = entry["results"][str(bs)][condition.baseline]
+                base["step_over_floor"] = base["t_step_s"] / floor["floor_s"]
                 add_forward_costs(entry["results"][str(bs)], model, ids[:bs], k, compile, condition.baseline, vocab)
                 entry["summary"][str(bs)] = headline(entry["results"][str(bs)], condition.baseline)
                 if bs == batch_sizes[0]:  # the reference text: our plain decoder, smallest batch size

@@ -59,9 +59,9 @@ def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k:
              compile: bool, with_peers: bool = True, vocab: torch.Tensor | None = None) -> tuple[dict, dict]:
     """The methods measured in one condition, and {method: why not} for the peers left out."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
-    runners = {condition.baseline: _ours_plain(model, max_new_tokens, eos, compile, t)}
+    runners = {condition.baseline: ours_plain(model, max_new_tokens, eos, compile, t)}
     if k:
-        runners["mtp"] = _ours_mtp(model, max_new_tokens, eos, k, compile, t, vocab)
+        runners["mtp"] = ours_mtp(model, max_new_tokens, eos, k, compile, t, vocab)
     peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     if hf_draft is not None:
         peers["hf_assisted"] = {"assistant_model": hf_draft}
@@ -78,7 +78,7 @@ def _generator(device, temperature: float, first_prompt: int) -> torch.Generator
     return torch.Generator(device).manual_seed(SAMPLE_SEED + first_prompt) if temperature > 0 else None
 
 
-def _ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature: float = 0.0) -> Runner:
+def ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature: float = 0.0) -> Runner:
     def run(batch, tally):
         before = tally.timer.total["prefill"]
         gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
@@ -88,7 +88,7 @@ def _ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature
     return run
 
 
-def _ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0,
+def ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0,
              vocab: torch.Tensor | None = None) -> Runner:
     def run(batch, tally):
         tally.stats, stats = tally.stats or SpecStats(k), SpecStats(k)

@@ -71,4 +71,5 @@ def headline(results: dict, baseline: str = "greedy") -> dict:
                     "mtp_lossless": m["lossless"], "mtp_acceptance_rate": m["acceptance_rate"],
                     ci_key("mtp_acceptance_rate"): m[ci_key("acceptance_rate")]})
     out["baseline_degenerate_share"] = results[baseline]["degenerate_share"]
+    out["step_over_floor"] = results[baseline].get("step_over_floor")
     return out
