@@ -4,6 +4,7 @@ to one recipe version, the dry run writes nothing, and bad input is one line wit
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -264,13 +265,25 @@ def test_only_naming_no_variant_and_bad_seeds(tmp_path, capsys):
     assert code == 2 and "recipe not found" in err
 
 
-def test_shipped_recipes_load_and_plan(tmp_path):
+def test_shipped_recipes_load_and_plan(tmp_path, monkeypatch):
     from mtp_cli.config import load_recipe, shipped_recipes
+    from mtp_cli.model import gguf
+
+    def wheel_missing(dist):
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    # a recipe on a wheel's model is refused at plan time, saying how to install it (this fast test
+    # never dequantizes the real file; tests/test_gguf.py plans a short name on a tiny wheel)
+    monkeypatch.setattr(importlib.metadata, "files", wheel_missing)
 
     assert {"quick", "depth", "cpu-small"} <= set(shipped_recipes())
     assert any(name.startswith("gpu-") for name in shipped_recipes())
     for name in shipped_recipes():
         recipe = load_recipe(name)
+        if recipe.train.init_from in gguf.SHORT_NAMES:
+            with pytest.raises(UserError, match="wheel is not installed; install it with make smollm2"):
+                grid_plan.plan(name, results_root=tmp_path)
+            continue
         ab = grid_plan.plan(name, results_root=tmp_path)
         assert len(ab.cells) == len(recipe.grid_variants()) * len(recipe.seeds)
     quick = load_recipe("quick")

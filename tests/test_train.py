@@ -303,8 +303,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     real_forward = MTPModel.forward
     calls = {"n": 0}
 
-    def forward_nan_at_step_4(self, idx, targets, lam=None, totals=None):
-        out = real_forward(self, idx, targets, lam, totals)
+    def forward_nan_at_step_4(self, idx, targets, lam=None, totals=None, frozen=None):
+        out = real_forward(self, idx, targets, lam, totals, frozen)
         calls["n"] += 1
         if calls["n"] == 4:
             out.loss = out.loss * float("nan")
