@@ -155,9 +155,9 @@ def test_parts_table_gives_the_break_even_mal(synth):
     table = parts_table(load(synth), "heldout-greedy")
     (row,) = table.rows  # NTP has no modules: one row
     step, verify, draft = (0.002 + 0.0022) / 2, (0.0022 + 0.0024) / 2, 0.0008  # seed means
-    assert row[0] == "seq-d1" and row[2] == f"{step * 1e3:.2f}"
-    assert row[3] == f"{verify / step:.2f}" and row[4] == f"{draft / step:.2f}"
-    assert row[5] == f"{(verify + draft) / step:.2f}"
+    assert row[0] == "seq-d1" and row[2] == "1" and row[3] == f"{step * 1e3:.2f}"
+    assert row[6] == f"{verify / step:.2f}" and row[7] == f"{draft / step:.2f}"
+    assert row[8] == f"{(verify + draft) / step:.2f}"
     assert any("256 most frequent training tokens of 1024" in n for n in table.notes)
 
 

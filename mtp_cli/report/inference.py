@@ -84,6 +84,9 @@ def inference_section(r: ResultSet) -> Section:
     parts = parts_table(r, primary)
     if parts:
         tables.append(parts)
+    chosen = draft_len_table(r)
+    if chosen:
+        tables.append(chosen)
     proxy_rows, source = [], set()
     for v in r.variants:
         for k in range(1, int(r.first(v, "n_extra") or 0) + 1):
@@ -124,18 +127,23 @@ def _condition_label(r: ResultSet, variant: str, name: str, primary: str | None)
 
 def parts_table(r: ResultSet, primary: str | None) -> Table | None:
     """Where the time of one speculative step goes (primary condition, smallest batch): the parts
-    relative to a plain step, and the break-even MAL at which drafting starts to pay."""
+    relative to a plain step, the plain step against the weight-streaming floor, and the break-even
+    MAL at which drafting starts to pay."""
     rows, vocab_notes = [], set()
     for v in r.variants:
         by_batch = r.spec_by_batch(v, primary)
         mtp = by_batch[0][1].get(results.MTP_METHOD) if by_batch else None
         if not mtp:
             continue
-        k = int(r.first(v, "n_extra") or 1)
+        greedy = by_batch[0][1].get(results.GREEDY_METHOD) or {}
+        spec = next(iter(r.seeds(v).values())).spec
+        k = int(spec.get("draft_len") or r.first(v, "n_extra") or 1)
         step, draft = mtp.get("t_forward_step_s"), mtp.get("t_draft_s")
         verify = (mtp.get("t_verify_by_k_s") or {}).get(str(k))
         ok = all(isinstance(x, (int, float)) and x > 0 for x in (step, draft, verify))
-        rows.append([v, str(by_batch[0][0]), num(step * 1e3 if ok else None, 2),
+        by_k = " / ".join(num(x, 2) for x in (mtp.get("verify_over_step_by_k") or {}).values()) or "–"
+        rows.append([v, str(by_batch[0][0]), str(k), num(step * 1e3 if ok else None, 2),
+                     num(greedy.get("step_over_floor"), 2), by_k,
                      num(verify / step if ok else None, 2), num(draft / step if ok else None, 2),
                      num((verify + draft) / step if ok else None, 2), num(mtp.get("mean_acceptance_length"), 2)])
         for run in r.seeds(v).values():
@@ -143,14 +151,43 @@ def parts_table(r: ResultSet, primary: str | None) -> Table | None:
             if dv.get("size") and dv.get("vocab_size") and dv["size"] < dv["vocab_size"]:
                 vocab_notes.add(f"the modules draft from the {dv['size']} most frequent training tokens of "
                                 f"{dv['vocab_size']} (the trunk verifies over all of them, so output is unchanged)")
+            floor = run.spec.get("weight_floor")
+            if floor:
+                vocab_notes.add(f"{v}: weight-streaming floor {floor['weight_bytes'] / 1e6:.0f} MB at "
+                                f"{floor['read_bytes_per_s'] / 1e9:.1f} GB/s = {floor['floor_s'] * 1e3:.1f} ms a step "
+                                "(read rate measured in the same run)")
     if not rows:
         return None
     notes = ["per step: T_step is one plain decoding step (the trunk's forward and unembedding), T_verify(k) the "
-             "same over the pending token and k drafts, T_draft the modules' drafting; break-even MAL = "
-             "(T_verify + T_draft) / T_step: drafting pays only above it", *sorted(vocab_notes)]
+             "same over the pending token and k drafts, T_draft the modules' drafting at the draft length k used; "
+             "break-even MAL = (T_verify + T_draft) / T_step: drafting pays only above it",
+             "T_step ÷ floor: the plain decoding loop's step over the bytes of weights it must read divided by the "
+             "memory read rate", *sorted(vocab_notes)]
     return Table("Where a speculative step's time goes (primary condition, medians)",
-                 ["variant", "batch", "T_step ms", "T_verify ÷ T_step", "T_draft ÷ T_step", "break-even MAL",
-                  "measured MAL"], rows, notes)
+                 ["variant", "batch", "k", "T_step ms", "T_step ÷ floor", "T_verify ÷ T_step, k = 1..4",
+                  "T_verify(k) ÷ T_step", "T_draft ÷ T_step", "break-even MAL", "measured MAL"], rows, notes)
+
+
+def draft_len_table(r: ResultSet) -> Table | None:
+    """Each candidate draft length as timed apart (specbench.draft_lens), and the one chosen."""
+    rows = []
+    for v in r.variants:
+        for seed, run in r.seeds(v).items():
+            sel = run.spec.get("draft_len_selection")
+            if not sel:
+                continue
+            for k, e in sel["by_k"].items():
+                rows.append([v, str(seed), k, num(e.get("speedup"), 2), num(e.get("mean_acceptance_length"), 2),
+                             " / ".join(pct(a) for a in e.get("acceptance_at") or []) or "–",
+                             "yes" if int(k) == sel["chosen"] else ""])
+    if not rows:
+        return None
+    sel = next(run.spec["draft_len_selection"] for v in r.variants for run in r.seeds(v).values()
+               if run.spec.get("draft_len_selection"))
+    return Table("Draft length, chosen on prompts the benchmark does not time",
+                 ["variant", "seed", "k", "speedup vs our greedy", "MAL", "acceptance per position", "chosen"], rows,
+                 [f"rule: {sel['rule']} (T={sel['temperature']:g}); the chosen k is then timed on the measured prompts "
+                  "in every condition above, so its reported speed-up is not the best of several noisy figures"])
 
 
 
