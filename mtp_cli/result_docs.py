@@ -74,6 +74,7 @@ class SpecbenchDoc:
     draft_vocab: dict[str, Any] | None = None
     draft_len_selection: dict[str, Any] | None = None  # specbench.draft_lens: every candidate k, timed apart
     weight_floor: dict[str, Any] | None = None  # a step's weight bytes over the read bandwidth measured in the run
+    prompts_interval: str | None = None  # what each method's speedup_prompts_ci95 is (older files have none)
     schema: int = SPEC_SCHEMA
 
 

@@ -108,6 +108,19 @@ def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], seed: i
     return [float(lo), float(hi)]
 
 
+
+def rate_ratio_ci(tokens_a: Sequence[float], seconds_a: Sequence[float], tokens_b: Sequence[float],
+                  seconds_b: Sequence[float], seed: int = 0, n_boot: int = 2000) -> list[float | None]:
+    """95% paired percentile-bootstrap interval of (Σ tokens_a / Σ seconds_a) / (Σ tokens_b / Σ seconds_b),
+    units (prompts) resampled with replacement, the same draw for both sides."""
+    ta, sa, tb, sb = (np.asarray(x, dtype=float) for x in (tokens_a, seconds_a, tokens_b, seconds_b))
+    if not len(sa) or not (len(sa) == len(ta) == len(tb) == len(sb)):
+        return [None, None]
+    pick = np.random.default_rng(seed).integers(0, len(sa), size=(n_boot, len(sa)))
+    ratios = (ta[pick].sum(1) / sa[pick].sum(1)) / (tb[pick].sum(1) / sb[pick].sum(1))
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
 # ---- per-item bootstraps ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Estimate:

@@ -26,8 +26,8 @@ from mtp_cli.errors import UserError
 from mtp_cli.stats import median_ci, ratio_ci
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "latency_s", "ttft_s", "tpot_s",
-        "identical_prompts", "mismatches")
+KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "speedup_prompts_ci95", "latency_s",
+        "ttft_s", "tpot_s", "identical_prompts", "mismatches")
 SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ideal_speedup",
              "ideal_speedup_ci95", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s", "t_prefill_s", "compile_s",
              "t_verify_by_k_s", "verify_over_step_by_k")
@@ -59,6 +59,9 @@ def test_sequential_report(tiny_runs, tmp_path):
         for e in methods.values():
             assert all(k in e for k in KEYS)
             assert e["tokens_per_s"] > 0 and e["speedup"] > 0
+            lo, hi = e["speedup_prompts_ci95"]
+            assert lo <= hi
+        assert methods["greedy"]["speedup_prompts_ci95"] == pytest.approx([1.0, 1.0])
         m = methods["mtp"]
         assert all(k in m for k in SPEC_KEYS)
         assert m["lossless"] and m["identical_prompts"] == 3 and methods["greedy"]["lossless"]

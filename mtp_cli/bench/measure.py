@@ -16,7 +16,7 @@ from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.speculative import SpecStats
 from mtp_cli.decode.timing import PhaseTimer
 from mtp_cli.result_docs import ci_key
-from mtp_cli.stats import median_ci, ratio_ci
+from mtp_cli.stats import median_ci, rate_ratio_ci, ratio_ci
 
 LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "hf_generate": "HF generate (greedy)",
           "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted (draft model)",
@@ -53,6 +53,17 @@ def measure(runners: dict, ids: list[list[int]], bs: int, repeats: int, device: 
     return tallies
 
 
+PROMPTS_CI = "speedup_prompts_ci95"  # the speed-up's interval over prompts (PROMPTS_INTERVAL)
+PROMPTS_INTERVAL = ("95% paired percentile bootstrap over prompts (batches above batch size 1) of the speed-up "
+                    "(ratio of tokens/s), each prompt's tokens and seconds the median over repeats")
+
+
+def _per_batch(runs: list[Tally], bs: int) -> tuple[list[int], list[float]]:
+    """Tokens generated and seconds taken per batch (per prompt at batch size 1), medians over repeats."""
+    tokens = [[sum(len(o) for o in t.outputs[i:i + bs]) for i in range(0, len(t.outputs), bs)] for t in runs]
+    return ([float(x) for x in np.median(tokens, axis=0)], [float(x) for x in np.median([t.walls for t in runs], axis=0)])
+
+
 def _put(entry: dict, key: str, values: Sequence[float]) -> None:
     entry[key], entry[ci_key(key)] = median_ci(values)
 
@@ -68,6 +79,7 @@ def summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], cond
         e: dict = {"label": label, "tokens": runs[0].tokens}
         _put(e, "tokens_per_s", [t.tokens_per_s for t in runs])
         _put(e, "speedup", [t.tokens_per_s / b.tokens_per_s for t, b in zip(runs, base)])
+        e[PROMPTS_CI] = rate_ratio_ci(*_per_batch(runs, bs), *_per_batch(base, bs))
         _put(e, "latency_s", [float(np.mean(t.walls)) for t in runs])
         _put(e, "ttft_s", [float(np.mean(t.ttfts)) for t in runs])
         _put(e, "tpot_s", [float(np.nanmean(t.tpots)) for t in runs])

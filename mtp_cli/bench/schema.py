@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from mtp_cli import env
+from mtp_cli.bench.measure import PROMPTS_INTERVAL
 from mtp_cli.bench.runners import PROMPT_LOOKUP_TOKENS, weight_bytes
 from mtp_cli.conditions import Condition
 from mtp_cli.result_docs import SPEC_SCHEMA, ci_key
@@ -40,7 +41,7 @@ def header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) ->
         "mtp_input": model.mtp_cfg.mtp_input if model.objective == "sequential" else None,
         "draft_len": k, "max_new_tokens": max_new_tokens,
         "batch_sizes": batch_sizes, "repeats": repeats, "interval": INTERVAL,
-        "acceptance_interval": ACCEPTANCE_INTERVAL, "params": params,
+        "acceptance_interval": ACCEPTANCE_INTERVAL, "prompts_interval": PROMPTS_INTERVAL, "params": params,
         "no_mtp_reason": no_mtp,
         "peers": {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS},
                   "hf_assisted": {"draft_run": str(draft.run_dir)} if draft is not None else None},

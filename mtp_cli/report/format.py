@@ -72,16 +72,17 @@ def fmt_delta(m: Metric, e: Estimate | str | None) -> str:
 
 
 def speed(m: dict, key: str) -> str:
-    """A speed-up with its interval (a t over seeds on the log scale, or one run's own over its timed
-    repeats) and, with 2-3 seeds, each seed's value."""
+    """A speed-up with its interval and, with 2-3 seeds, each seed's value. The interval: a t over seeds
+    on the log scale; for one run, its own over prompts (`<key>_prompts_ci95`) where stored, else over its
+    timed repeats."""
     value = m.get(key)
     if value is None:
         return "–"
     text = f"{value:.2f}×"
-    ci = m.get(ci_key(key))
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci:
-        text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
     seeds = m.get(f"{key}_seeds")
+    ci = m.get(ci_key(key)) if seeds else m.get(f"{key}_prompts_ci95") or m.get(ci_key(key))
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci and ci[0] != ci[1]:  # one repeat: no width
+        text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
     if isinstance(seeds, list) and 2 <= len(seeds) <= SHOW_SEEDS:
         text += " (" + ", ".join(f"{x:.2f}" for x in seeds) + ")"
     return text

@@ -55,7 +55,7 @@ def inference_section(r: ResultSet) -> Section:
     seeds_note = ("seeds = runs measured; with several, acceptance and MAL are means over seeds, speed-ups geometric "
                   "means with a 95% t-interval over seeds on the log scale (so never below 0) and, with 2-3 seeds, "
                   "each seed's value in brackets" if any(len(r.rows(v)) > 1 for v in r.variants) else
-                  "one seed: the speed intervals are 95% bootstrap intervals of the median over timed repeats")
+                  _one_seed_speed_note(r))
     mtp_notes = ["acceptance = accepted / drafted tokens. Evaluation-set noise only: 95% bootstrap over prompts with "
                  "the seeds held fixed. 95% over seeds: a t over the seeds' rates (n − 1 degrees of freedom) with the "
                  "prompt variance the seeds share added (the same prompts for every seed); with 2-3 seeds, each "
@@ -123,6 +123,17 @@ def _condition_label(r: ResultSet, variant: str, name: str, primary: str | None)
     label = f"{source} × T={temp:g}" if source and isinstance(temp, (int, float)) else str(name)
     return label + (" (primary)" if name == primary and len(r.condition_names) > 1 else "")
 
+
+
+def _one_seed_speed_note(r: ResultSet) -> str:
+    over_prompts = any(run.spec.get("prompts_interval") for v in r.variants for run in r.seeds(v).values())
+    repeats = sorted({run.spec.get("repeats") for v in r.variants for run in r.seeds(v).values()} - {None})
+    if over_prompts:
+        return ("one seed: the speed-up intervals are 95% paired bootstrap intervals over prompts (each prompt's "
+                "time the median over timed repeats): how much the figure depends on which prompts were timed")
+    if repeats == [1]:
+        return "one seed and one timed repeat: the speed-up intervals have no width and say nothing about noise"
+    return "one seed: the speed intervals are 95% bootstrap intervals of the median over timed repeats"
 
 
 def parts_table(r: ResultSet, primary: str | None) -> Table | None:
