@@ -10,7 +10,12 @@ measured here (one pass over a buffer several times the last-level cache), and t
 products alone (every weight byte read once, with the same kernels; the weights fit this CPU's
 cache, so this one can beat memory), both timed in the same rounds.
 
-    .venv/bin/python scripts/decode_parts.py [--rounds 8] [--steps 30] [--threads 1] [--no-compile]
+With `--run RUN` the same parts run on a trained run's model (e.g. a cpu-smollm2 run: SmolLM2-135M
+with its D=1 module or heads; drafting parts need the run's own objective), and the products alone are
+also timed over 2..4 rows, so that verifying k drafts can be split into what the matrix kernels cost at
+k + 1 rows and what the rest of the forward adds.
+
+    .venv/bin/python scripts/decode_parts.py [--rounds 8] [--steps 30] [--threads 1] [--no-compile] [--run RUN]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled forward")
+    ap.add_argument("--run", type=Path, help="a run folder: time its model instead of a random quick-sized one")
     args = ap.parse_args()
 
     import torch
@@ -47,16 +53,25 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=4096, n_layers=4, d_model=256, n_heads=4, ffn_hidden=688, context=512,
-                      zero_init_residual=False)
-    sequential = MTPModel(cfg, MTPConfig(objective="sequential", depth=1)).eval()
-    parallel = MTPModel(cfg, MTPConfig(objective="parallel", heads=2, compute_matched=False)).eval()
+    if args.run:
+        from mtp_cli.checkpoint import load_run
+
+        model = load_run(args.run).model.eval()
+        cfg = model.cfg
+        sequential = model if model.objective == "sequential" else None
+        parallel = model if model.objective == "parallel" else None
+    else:
+        cfg = ModelConfig(vocab_size=4096, n_layers=4, d_model=256, n_heads=4, ffn_hidden=688, context=512,
+                          zero_init_residual=False)
+        sequential = MTPModel(cfg, MTPConfig(objective="sequential", depth=1)).eval()
+        parallel = MTPModel(cfg, MTPConfig(objective="parallel", heads=2, compute_matched=False)).eval()
+    model = sequential or parallel
     P = args.prompt_tokens
     prompt = torch.randint(0, cfg.vocab_size, (P,)).tolist()
     parts = {}
     with torch.no_grad():
         for compiled in (False,) if args.no_compile else (False, True):
-            engine = Engine(sequential.trunk, sequential, compile=compiled)
+            engine = Engine(model.trunk, model, compile=compiled)
             cache, *_ = prefill(engine, [prompt], cfg.context)
             start = cache.lengths.clone()
             for width in (1, 2, 3, 4):
@@ -73,13 +88,15 @@ def main() -> None:
         vocab = torch.arange(0, cfg.vocab_size, DEFAULT_SHARE)  # a quarter of the vocabulary, as the default
         for compiled in (False,) if args.no_compile else (False, True):
             tag = "compiled " if compiled else ""
-            for name, model, cls, dv in (("draft sequential D=1", sequential, SequentialDrafter, None),
-                                         ("draft seq D=1, V/4", sequential, SequentialDrafter, vocab),
-                                         ("draft parallel head", parallel, ParallelDrafter, None),
-                                         ("draft par head, V/4", parallel, ParallelDrafter, vocab)):
-                engine = Engine(model.trunk, model, compile=compiled)
+            for name, drafting, cls, dv in (("draft sequential D=1", sequential, SequentialDrafter, None),
+                                            ("draft seq D=1, V/4", sequential, SequentialDrafter, vocab),
+                                            ("draft parallel head", parallel, ParallelDrafter, None),
+                                            ("draft par head, V/4", parallel, ParallelDrafter, vocab)):
+                if drafting is None:
+                    continue
+                engine = Engine(drafting.trunk, drafting, compile=compiled)
                 cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
-                drafter = cls(engine, model, 1, 1, cfg.context + 8, dv)
+                drafter = cls(engine, drafting, 1, 1, cfg.context + 8, dv)
                 seq = torch.zeros(1, cfg.context + 8, dtype=torch.long)
                 seq[0, :P] = torch.tensor(prompt)
                 lengths = torch.tensor([P])
@@ -90,6 +107,8 @@ def main() -> None:
                     drafter.propose(seq, lengths, 0.0, 1.0, None)
                 draft()
                 parts[tag + name] = draft
+            if sequential is None:
+                continue
             # verification at width 2 fused with the next D=1 draft (V/4), as one-row greedy decoding runs
             engine = Engine(sequential.trunk, sequential, compile=compiled)
             cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
@@ -101,15 +120,16 @@ def main() -> None:
                 cache.rollback(start)
             fused()
             parts[tag + "fused verify+draft"] = fused
-        floor_engine = Engine(sequential.trunk)
+        floor_engine = Engine(model.trunk)
         matrices = [w for b in floor_engine.blocks for w in (b.w_qkv, b.w_o, b.w_gate_up, b.w_down)]
         matrices.append(floor_engine.unembed)
-        rows = {n: torch.randn(1, n) for n in {m.shape[0] for m in matrices}}
+        for width in (1, 2, 3, 4) if args.run else (1,):
+            rows = {n: torch.randn(width, n) for n in {m.shape[0] for m in matrices}}
 
-        def floor():  # the step's products alone: every weight byte read once, with the same kernels
-            for m in matrices:
-                torch.mm(rows[m.shape[0]], m)
-        parts["floor: products only"] = floor
+            def products(rows=rows):  # the step's products alone: every weight byte read once, same kernels
+                for m in matrices:
+                    torch.mm(rows[m.shape[0]], m)
+            parts["floor: products only" + (f", {width} rows" if width > 1 else "")] = products
         sweep = torch.ones(DRAM_BYTES // 4)
 
         def memory():  # one read of a buffer too big for any cache: the memory bandwidth
@@ -153,6 +173,12 @@ def main() -> None:
     tags = ("eager",) if args.no_compile else ("eager", "compiled")
     print("step / memory floor: " + ", ".join(f"{tag} {med[f'{tag} width 1'] / memory_floor:.2f}" for tag in tags))
     print("step / products alone: " + ", ".join(f"{tag} {med[f'{tag} width 1'] / floor_s:.2f}" for tag in tags))
+    if args.run:
+        print("products alone at k + 1 rows / at 1 row: " + "  ".join(
+            f"k={w - 1}: {med[f'floor: products only, {w} rows'] / floor_s:.2f}" for w in (2, 3, 4)))
+        print("forward minus its products (eager), ms: " + "  ".join(
+            f"width {w}: {(med[f'eager width {w}'] - med['floor: products only' + (f', {w} rows' if w > 1 else '')]) * 1e3:.2f}"
+            for w in (1, 2, 3, 4)))
 
 
 if __name__ == "__main__":
