@@ -301,6 +301,7 @@ class SpecbenchConfig:
     draft_lens: list[int] | None = None  # or the fastest of these, chosen on untimed prompts (bench/draft_select.py)
     draft_vocab: int | None = None  # the modules draft from this many most frequent training tokens (None: V/4; 0: all)
     peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
+    compile: bool | None = None  # torch.compile our decoders in `mtp ablate`'s specbench (None: the device's default)
 
     def validate(self) -> None:
         if self.peers not in PEER_SCOPES:

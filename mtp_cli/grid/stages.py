@@ -170,7 +170,8 @@ def evaluate(cell: Cell, view: GridView) -> None:
 def specbench(cell: Cell, view: GridView) -> None:
     from mtp_cli.bench.run import run_specbench  # see `export`
 
-    run_specbench(cell.run_dir, cell.recipe.specbench, runtime(cell.recipe), gsm8k_data=cell.gsm8k,
+    rt = dataclasses.replace(runtime(cell.recipe), compile=cell.recipe.specbench.compile)
+    run_specbench(cell.run_dir, cell.recipe.specbench, rt, gsm8k_data=cell.gsm8k,
                   json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested)
 
 

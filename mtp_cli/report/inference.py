@@ -70,7 +70,8 @@ def inference_section(r: ResultSet) -> Section:
                  seeds_note, *sorted(notes)]
     speed_notes = [f"condition {primary}; all on the exported trunk's weights and the same prompts; peers: Hugging "
                    "Face transformers (prompt lookup and assisted decoding run at batch size 1 only)",
-                   "MTP ÷ best peer: MTP speculative tokens/s over the fastest Hugging Face method at that batch size"]
+                   "MTP ÷ best peer: MTP speculative tokens/s over the fastest Hugging Face method at that batch size",
+                   *_compile_notes(r)]
     tables = [
         Table("Self-speculative decoding with the run's own MTP modules",
               ["variant", "prompts × temperature", "batch", "seeds", "lossless", "acceptance, evaluation-set noise only",
@@ -123,6 +124,15 @@ def _condition_label(r: ResultSet, variant: str, name: str, primary: str | None)
     label = f"{source} × T={temp:g}" if source and isinstance(temp, (int, float)) else str(name)
     return label + (" (primary)" if name == primary and len(r.condition_names) > 1 else "")
 
+
+
+def _compile_notes(r: ResultSet) -> list[str]:
+    compiled = sorted({v for v in r.variants for run in r.seeds(v).values()
+                       if (run.spec.get("environment") or {}).get("compile")})
+    if not compiled:
+        return []
+    return [f"{', '.join(compiled)}: our decoders (greedy and MTP) ran under torch.compile "
+            "(compile time not counted in tokens/s); the Hugging Face peers ran eager, as `generate` does by default"]
 
 
 def _one_seed_speed_note(r: ResultSet) -> str:
