@@ -401,3 +401,18 @@ def test_a_change_to_the_source_recipe_is_a_new_version_and_force_discards_the_s
     (folder / "mine.txt").write_text("kept")
     lock.discard(folder)
     assert sorted(p.name for p in folder.iterdir()) == ["mine.txt"]
+
+
+@pytest.mark.parametrize("compile_", [None, True, False])
+def test_the_specbench_stage_compiles_as_its_recipe_says(tmp_path, monkeypatch, compile_):
+    import types
+
+    import mtp_cli.bench.run as bench_run
+
+    cell = grid_plan.plan("quick", results_root=tmp_path).cells[0]
+    cell.recipe.specbench.compile = compile_
+    seen = {}
+    monkeypatch.setattr(bench_run, "run_specbench", lambda run_dir, cfg, rt, **kw: seen.update(rt=rt, cfg=cfg))
+    stages.STAGE_FUNCS["specbench"](cell, types.SimpleNamespace(show_nested=False))
+    assert seen["rt"].compile is compile_ and seen["cfg"] is cell.recipe.specbench
+    assert seen["rt"].device == cell.recipe.train.device

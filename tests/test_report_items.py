@@ -360,3 +360,14 @@ def test_committed_posthoc_report_has_the_before_row(tmp_path):
     text = report.render_report(folder).read_text()
     assert f"stored {3 * now / 1e6:.1f} MFLOP/token" in text
     assert f"counted as it trained, {now / 1e6:.1f} MFLOP/token" in text
+
+
+def test_a_speed_up_shows_its_interval_over_prompts_and_never_one_of_no_width():
+    from mtp_cli.report.format import speed
+
+    one_repeat = {"speedup": 0.82, "speedup_ci95": [0.82, 0.82]}
+    assert speed(one_repeat, "speedup") == "0.82×"  # one timed repeat: an interval of no width says nothing
+    over_prompts = {**one_repeat, "speedup_prompts_ci95": [0.74, 0.90]}
+    assert speed(over_prompts, "speedup") == "0.82× [0.74, 0.90]"
+    seeds = {**over_prompts, "speedup_ci95": [0.70, 0.95], "speedup_seeds": [0.80, 0.84]}
+    assert speed(seeds, "speedup") == "0.82× [0.70, 0.95] (0.80, 0.84)"  # pooled over seeds: the seeds' interval
