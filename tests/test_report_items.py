@@ -371,3 +371,19 @@ def test_a_speed_up_shows_its_interval_over_prompts_and_never_one_of_no_width():
     assert speed(over_prompts, "speedup") == "0.82× [0.74, 0.90]"
     seeds = {**over_prompts, "speedup_ci95": [0.70, 0.95], "speedup_seeds": [0.80, 0.84]}
     assert speed(seeds, "speedup") == "0.82× [0.70, 0.95] (0.80, 0.84)"  # pooled over seeds: the seeds' interval
+
+
+def test_parts_table_reads_a_fused_call_and_a_draft_within_noise(synth):
+    """One row greedy, verification and the next draft are one call: the break-even MAL is that call over
+    a step, and a draft share measured as a (noisy) difference below zero reads ≈0, not a negative time."""
+    from mtp_cli.report.inference import parts_table
+    from mtp_cli.resultset import load
+
+    for path in synth.glob("runs/seq-d1-s*/specbench.json"):
+        doc = json.loads(path.read_text())
+        for cond in doc["conditions"]:
+            cond["results"]["1"]["mtp"].update(t_draft_s=-5e-7, t_forward_verify_draft_s=0.0025)
+        path.write_text(json.dumps(doc))
+    (row,) = parts_table(load(synth), "heldout-greedy").rows
+    step = (0.002 + 0.0022) / 2
+    assert row[7] == "≈0" and row[8] == f"{0.0025 / step:.2f}"

@@ -161,12 +161,15 @@ def parts_table(r: ResultSet, primary: str | None) -> Table | None:
         k = int(spec.get("draft_len") or r.first(v, "n_extra") or 1)
         step, draft = mtp.get("t_forward_step_s"), mtp.get("t_draft_s")
         verify = (mtp.get("t_verify_by_k_s") or {}).get(str(k))
-        ok = all(isinstance(x, (int, float)) and x > 0 for x in (step, draft, verify))
+        ok = all(isinstance(x, (int, float)) and x > 0 for x in (step, verify)) and isinstance(draft, (int, float))
         by_k = " / ".join(num(x, 2) for x in (mtp.get("verify_over_step_by_k") or {}).values()) or "–"
+        fused = mtp.get("t_forward_verify_draft_s")  # one call verifies and drafts: its own time is the cost
+        cost = (fused if fused else verify + max(draft, 0.0)) if ok else None
+        draft_share = max(draft, 0.0) / step if ok else None
         rows.append([v, str(by_batch[0][0]), str(k), num(step * 1e3 if ok else None, 2),
-                     num(greedy.get("step_over_floor"), 2), by_k,
-                     num(verify / step if ok else None, 2), num(draft / step if ok else None, 2),
-                     num((verify + draft) / step if ok else None, 2), num(mtp.get("mean_acceptance_length"), 2)])
+                     num(greedy.get("step_over_floor"), 2), by_k, num(verify / step if ok else None, 2),
+                     "≈0" if draft_share is not None and draft_share < 0.005 else num(draft_share, 2),
+                     num(cost / step if ok else None, 2), num(mtp.get("mean_acceptance_length"), 2)])
         for run in r.seeds(v).values():
             dv = run.spec.get("draft_vocab") or {}
             if dv.get("size") and dv.get("vocab_size") and dv["size"] < dv["vocab_size"]:
@@ -180,8 +183,10 @@ def parts_table(r: ResultSet, primary: str | None) -> Table | None:
     if not rows:
         return None
     notes = ["per step: T_step is one plain decoding step (the trunk's forward and unembedding), T_verify(k) the "
-             "same over the pending token and k drafts, T_draft the modules' drafting at the draft length k used; "
-             "break-even MAL = (T_verify + T_draft) / T_step: drafting pays only above it",
+             "same over the pending token and k drafts, T_draft the modules' drafting at the draft length k used (one "
+             "row greedy: the fused verify-and-draft call beyond verifying alone; ≈0: within timing noise); "
+             "break-even MAL = (T_verify + T_draft) / T_step, the fused call's own time where there is one: "
+             "drafting pays only above it",
              "T_step ÷ floor: the plain decoding loop's step over the bytes of weights it must read divided by the "
              "memory read rate", *sorted(vocab_notes)]
     return Table("Where a speculative step's time goes (primary condition, medians)",
