@@ -81,7 +81,8 @@ def speed(m: dict, key: str) -> str:
     text = f"{value:.2f}×"
     seeds = m.get(f"{key}_seeds")
     ci = m.get(ci_key(key)) if seeds else m.get(f"{key}_prompts_ci95") or m.get(ci_key(key))
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci and ci[0] != ci[1]:  # one repeat: no width
+    one_repeat = not seeds and isinstance(ci, (list, tuple)) and len(ci) == 2 and ci[0] == ci[1]  # no width: says nothing
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci and not one_repeat:
         text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
     if isinstance(seeds, list) and 2 <= len(seeds) <= SHOW_SEEDS:
         text += " (" + ", ".join(f"{x:.2f}" for x in seeds) + ")"
