@@ -90,6 +90,7 @@ class MTPConfig:
     mtp_input: str = "post-norm"  # which trunk state feeds depth 1
     compute_matched: bool = True  # parallel: take n-1 layers out of the trunk
     memory_efficient: bool = True  # parallel: Meta's one-head-at-a-time backward
+    draft_vocab: int = 0  # train the extra predictions over this many most frequent training tokens (0: all)
 
     @property
     def n_extra(self) -> int:
@@ -124,6 +125,8 @@ class MTPConfig:
             raise UserError(f"mtp.lambda_switch must be in [0, 1], got {self.lambda_switch}")
         if self.mtp_input not in MTP_INPUTS:
             raise UserError(f"unknown mtp_input {self.mtp_input!r}; choose one of {', '.join(MTP_INPUTS)}")
+        if self.draft_vocab < 0:
+            raise UserError(f"mtp.draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
 
 
 def objective_from_flags(recipe_objective: str, objective: str | None, depth: int | None, heads: int | None,
@@ -299,7 +302,8 @@ class SpecbenchConfig:
     repeats: int = 5
     draft_len: int | None = None  # None: the run's own number of modules/heads
     draft_lens: list[int] | None = None  # or the fastest of these, chosen on untimed prompts (bench/draft_select.py)
-    draft_vocab: int | None = None  # the modules draft from this many most frequent training tokens (None: V/4; 0: all)
+    draft_vocab: int | None = None  # the modules draft from this many most frequent training tokens
+    # (None: the run's mtp.draft_vocab, else V/4; 0: all)
     peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
     compile: bool | None = None  # torch.compile our decoders in `mtp ablate`'s specbench (None: the device's default)
 
@@ -451,6 +455,9 @@ class Recipe:
     def validate(self) -> Recipe:
         self.model.validate()
         self.mtp.validate()
+        if self.mtp.draft_vocab > self.model.vocab_size:
+            raise UserError(f"mtp.draft_vocab {self.mtp.draft_vocab} is above the vocabulary of {self.model.vocab_size} "
+                            f"tokens (0: all of them)")
         if self.mtp.n_extra >= self.model.context:
             raise UserError(f"{self.mtp.n_extra} extra predictions per position need model.context > "
                             f"{self.mtp.n_extra}, got {self.model.context}")

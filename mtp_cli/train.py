@@ -29,7 +29,7 @@ from mtp_cli import corpus, env, parallel, run_clock, sharded_checkpoint, tracki
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.decode.draft_vocab import count_tokens
+from mtp_cli.decode.draft_vocab import count_tokens, top_tokens
 from mtp_cli.dist import DistInfo, dist_info
 from mtp_cli.errors import UserError
 from mtp_cli.evals import heldout
@@ -325,6 +325,9 @@ class _Training:
         self.autocast = ((lambda: torch.autocast("cuda", dtype=self.amp_dtype)) if self.amp_dtype and not self.fsdp
                          else contextlib.nullcontext)
         self.peak = t.peak_flops or env.matmul_peak(device, self.amp_dtype or torch.float32, shards.cache_root(recipe.data))
+        self.token_counts = count_tokens(data.train, recipe.model.vocab_size)  # the drafters' vocabulary (draft_vocab)
+        if recipe.mtp.draft_vocab and model.n_extra:
+            model.train_extra_over(top_tokens(self.token_counts, recipe.mtp.draft_vocab))
         self.fpt = flops_per_token(model, recipe.model.context)
         self.tokens_per_step = t.batch_size * recipe.model.context
         # the head-at-a-time backward reads the root's parameters outside its forward: not under FSDP
@@ -340,7 +343,6 @@ class _Training:
         if ddp.world > 1 and not self.fsdp:
             self.forward_model = DDP(model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
         self.tokenizer_fingerprint = toklib.fingerprint(data.tokenizer)
-        self.token_counts = count_tokens(data.train, recipe.model.vocab_size)  # the drafters' vocabulary (draft_vocab)
         self.state_mb: float | None = None
         self.summary = self._start_summary(source)
         if ddp.main:

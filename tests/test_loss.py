@@ -270,6 +270,68 @@ def test_model_gradients_with_the_fused_loss_equal_the_plain_path(monkeypatch, t
         assert torch.allclose(fused[name], plain[name], rtol=1e-5, atol=1e-7 * float(plain[name].abs().max())), name
 
 
+@pytest.mark.parametrize("objective,kw,memory_efficient", [
+    ("sequential", {"depth": 2}, False), ("parallel", {"heads": 3}, False), ("parallel", {"heads": 3}, True)])
+def test_extra_losses_over_a_subset_of_the_vocabulary(objective, kw, memory_efficient):
+    """mtp.draft_vocab: each extra loss equals, computed from the definition, the cross-entropy of the full
+    logits' columns of the subset, over the positions whose target is in it, summed and divided by all
+    valid targets at that offset; the next-token loss and every gradient outside the modules' path are
+    those of the whole vocabulary, and evaluation's logits are unchanged."""
+    from mtp_cli.model import parallel_backward
+
+    torch.manual_seed(0)
+    vocab, T = 97, 16
+    cfg = tiny_model_config(vocab_size=vocab, n_layers=3, d_model=32, n_heads=2, ffn_hidden=64, context=T,
+                            zero_init_residual=False)
+    model = MTPModel(cfg, MTPConfig(objective, **kw)).double()
+    x, y = torch.randint(0, vocab, (4, T)), torch.randint(0, vocab, (4, T))
+    y[0, 3] = L.IGNORE
+    ids = torch.randperm(vocab)[:30]
+    full = model.all_logits(x)
+    model.train_extra_over(ids)
+    assert all(torch.equal(a, b) for a, b in zip(full, model.all_logits(x)))
+
+    kept = set(ids.tolist())
+    expected = []
+    for k, logits in enumerate(full[1:], 1):
+        total, n_valid = 0.0, 0
+        for b in range(4):
+            for i in range(T - k):
+                target = int(y[b, i + k])
+                if target == L.IGNORE:
+                    continue
+                n_valid += 1
+                if target in kept:
+                    row = logits[b, i, sorted(kept)]
+                    total += float(torch.logsumexp(row, 0) - logits[b, i, target])
+        expected.append(total / n_valid)
+    if memory_efficient:
+        out = parallel_backward(model, x, y, 0.5)
+    else:
+        out = model(x, y, 0.5)
+    assert float(out.loss_main) == pytest.approx(float(L.cross_entropy(full[0], y)), rel=1e-6)  # fp32 there
+    assert [float(v) for v in out.loss_extra] == pytest.approx(expected, rel=1e-9)
+
+    model.train_extra_over(None)
+    again = parallel_backward(model, x, y, 0.5) if memory_efficient else model(x, y, 0.5)
+    assert [float(v) for v in again.loss_extra] == pytest.approx(
+        [float(L.offset_loss(lk, y, k)) for k, lk in enumerate(full[1:], 1)], rel=1e-6)
+
+
+def test_a_subset_vocabulary_refuses_sizes_outside_the_vocabulary():
+    from helpers import tiny_recipe
+
+    from mtp_cli.errors import UserError
+
+    recipe = tiny_recipe("sequential", depth=1)
+    recipe.mtp.draft_vocab = recipe.model.vocab_size + 1
+    with pytest.raises(UserError, match="mtp.draft_vocab"):
+        recipe.validate()
+    recipe.mtp.draft_vocab = -1
+    with pytest.raises(UserError, match="mtp.draft_vocab"):
+        recipe.validate()
+
+
 def test_linear_offset_loss_drops_the_last_k_positions():
     g = torch.Generator().manual_seed(1)
     h, w = torch.randn(2, 6, 4, generator=g), torch.randn(V, 4, generator=g)

@@ -310,6 +310,29 @@ def test_draft_vocabulary_is_lossless_and_only_drafts_from_it(runs, objective, d
         assert int(drafts[0, 0]) == int(first_full)
 
 
+def test_modules_trained_over_a_draft_vocabulary_draft_from_the_same_one(tmp_path, monkeypatch):
+    """mtp.draft_vocab = N: training computes the module's loss over the N most frequent training tokens,
+    and specbench's default draft vocabulary is those same N tokens (taken from the stored counts)."""
+    from helpers import tiny_recipe
+
+    from mtp_cli.decode.draft_vocab import count_tokens, draft_vocabulary, top_tokens
+    from mtp_cli.model import MTPModel
+    from mtp_cli.train import train
+
+    trained_over = []
+    real = MTPModel.train_extra_over
+    monkeypatch.setattr(MTPModel, "train_extra_over", lambda self, ids: (trained_over.append(ids), real(self, ids))[1])
+    recipe = tiny_recipe("sequential", steps=4, depth=1)
+    recipe.mtp.draft_vocab = 48
+    train(recipe, tmp_path / "run", show_progress=False)
+    run = load_run(tmp_path / "run")
+    expected = top_tokens(count_tokens(corpus.prepare_for(run.recipe).train, run.recipe.model.vocab_size), 48)
+    assert len(trained_over) == 1 and torch.equal(trained_over[0], expected)
+    ids, info = draft_vocabulary(run, None)
+    assert torch.equal(ids, expected) and info["size"] == 48
+    assert draft_vocabulary(run, 0)[0] is None  # an explicit size still wins
+
+
 def test_sampling_with_a_draft_vocabulary_preserves_the_distribution(runs):
     model = runs["sequential"].model
     prompt = encode(runs["sequential"])[0]

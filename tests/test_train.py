@@ -496,6 +496,10 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only():
     recipe.train.freeze_trunk = True
     assert cost.training_flops(recipe) == (frozen, trunk_fwd + module_fwd + unembed_fwd, recipe.train.batch_size * T)
 
+    model.mtp_cfg.draft_vocab = V // 4  # the module's unembedding over a quarter of the vocabulary's rows
+    assert flops.flops_per_token(model, T) == trunk_fwd + 3 * module_fwd + 2 * unembed_fwd / 4
+    assert flops.forward_flops_per_token(model, T) == trunk_fwd + module_fwd + unembed_fwd  # validation: all of it
+
 
 def test_run_json_and_the_summary_carry_the_lambda_schedule(two_seeded_runs):
     """λ 0.3 dropping to 0.1 at half time: run.json and summary.csv say so, not just the starting 0.3."""

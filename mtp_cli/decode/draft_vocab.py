@@ -51,10 +51,12 @@ def top_tokens(counts: torch.Tensor, size: int) -> torch.Tensor | None:
 
 
 def draft_vocabulary(run, size: int | None) -> tuple[torch.Tensor | None, dict]:
-    """A run's draft vocabulary for `--draft-vocab size` (None: the default; 0: all) and what a report
-    says of it: (ids or None for the whole vocabulary, {size, vocab_size, training_share})."""
+    """A run's draft vocabulary for `--draft-vocab size` (None: the one its modules were trained over,
+    mtp.draft_vocab, else the default; 0: all) and what a report says of it: (ids or None for the whole
+    vocabulary, {size, vocab_size, training_share})."""
     V = run.recipe.model.vocab_size
-    size = default_size(V) if size is None else size
+    if size is None:
+        size = run.recipe.mtp.draft_vocab or default_size(V)
     if size < 0:
         raise UserError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {size}")
     if size > V:

@@ -17,9 +17,17 @@ one step (`linear_cross_entropy`): a few hundred rows of logits at a time, with 
 while the softmax is in cache, so the (N, V) logits and their log-softmax are never stored. On the
 quick recipe this makes the unembedding + loss 1.4× faster on CPU (the plain path streams four
 N×V fp32 tensors through memory) and is what puts our trunk ahead of Hugging Face's step.
+
+The extra predictions may be trained over a subset of the vocabulary (`SubVocab`, mtp.draft_vocab):
+the unembedding's rows of those tokens only, and a target outside the subset carries no loss (it
+still counts in `total`). The subset is the one the modules draft from at inference, so training
+matches drafting and its unembedding costs |subset| / V of the full one (EAGLE-3 and FR-Spec draft
+from such a subset; EAGLE-3 trains over it too).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +51,28 @@ def valid_counts(targets: torch.Tensor, n_extra: int) -> torch.Tensor:
     an int64 tensor of n_extra + 1 counts."""
     valid = targets != IGNORE
     return torch.stack([valid[:, k:].sum() for k in range(n_extra + 1)])
+
+
+@dataclass(frozen=True)
+class SubVocab:
+    """A subset of the vocabulary that a loss is computed over."""
+    ids: torch.Tensor  # ascending token ids
+    position: torch.Tensor  # (V,): each token's row in `ids`, IGNORE for a token outside it
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, vocab_size: int) -> SubVocab:
+        ids = ids.sort().values
+        position = torch.full((vocab_size,), IGNORE, dtype=torch.long, device=ids.device)
+        position[ids] = torch.arange(len(ids), device=ids.device)
+        return cls(ids, position)
+
+    def to(self, device: torch.device | str) -> SubVocab:
+        return SubVocab(self.ids.to(device), self.position.to(device))
+
+    def restrict(self, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unembedding's rows of the subset, and the targets as rows of it (IGNORE outside it)."""
+        mapped = self.position[targets.clamp_min(0)]
+        return weight[self.ids], torch.where(targets == IGNORE, IGNORE, mapped)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, total: float | None = None) -> torch.Tensor:

@@ -91,6 +91,22 @@ class MTPModel(nn.Module):
             self.mtp = nn.ModuleList()
         init_weights(self, model_cfg.init_std, model_cfg.zero_init_residual)
         self.frozen_trunk = False
+        self.extra_vocab: L.SubVocab | None = None  # what the extra losses are computed over (None: all)
+
+    def train_extra_over(self, ids: torch.Tensor | None) -> None:
+        """Compute the extra predictions' training losses over these token ids only (mtp.draft_vocab;
+        model/loss.py); None: the whole vocabulary. Evaluation and decoding are not affected."""
+        weight = self.trunk.unembed_weight
+        self.extra_vocab = None if ids is None else L.SubVocab.of(ids.to(weight.device), weight.shape[0])
+
+    def extra_loss(self, k: int, normed: torch.Tensor, targets: torch.Tensor, total: float | None) -> torch.Tensor:
+        """Extra prediction k's training loss from its normed state over its vocabulary (`train_extra_over`)."""
+        weight = self.trunk.unembed_weight
+        if self.extra_vocab is not None:
+            if total is None:  # a target outside the subset carries no loss but counts, as in training's totals
+                total = max(float(L.valid_counts(targets, k)[k]), 1.0)
+            weight, targets = self.extra_vocab.restrict(weight, targets)
+        return L.linear_offset_loss(normed, weight, targets, k, total)
 
     def freeze_trunk(self) -> None:
         """Train only the modules: the trunk gets no gradients and runs under no-grad in `forward`."""
@@ -128,8 +144,7 @@ class MTPModel(nn.Module):
         totals = totals or [None] * (len(extras) + 1)
         loss_main = (frozen.loss_main if frozen is not None
                      else L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets, totals[0]))
-        loss_extra = [L.linear_offset_loss(self.extra_normed(k, h), weight, targets, k, totals[k])
-                      for k, h in enumerate(extras, 1)]
+        loss_extra = [self.extra_loss(k, self.extra_normed(k, h), targets, totals[k]) for k, h in enumerate(extras, 1)]
         lam = self.mtp_cfg.weight if lam is None else lam
         return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
 
@@ -205,7 +220,8 @@ def parallel_backward(model: MTPModel, idx: torch.Tensor, targets: torch.Tensor,
     totals = totals or [None] * len(heads)
     for k, head in enumerate(heads):
         h = head(shared_leaf, cos, sin)
-        loss_k = L.linear_offset_loss(trunk.norm(h), trunk.unembed_weight, targets, k, totals[k])
+        loss_k = (L.linear_offset_loss(trunk.norm(h), trunk.unembed_weight, targets, k, totals[k]) if k == 0
+                  else model.extra_loss(k, trunk.norm(h), targets, totals[k]))
         ((1.0 if k == 0 else weight) * scale * loss_k).backward()
         losses.append(loss_k.detach())
     shared.backward(shared_leaf.grad)
