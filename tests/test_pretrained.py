@@ -180,6 +180,19 @@ def test_the_context_is_the_shorter_of_the_default_and_the_checkpoint(checkpoint
     assert recipe.model.context == 96
 
 
+def test_model_keys_set_by_a_recipe_it_extends_count_as_given(tmp_path):
+    """A recipe that `extends` another keeps the [model] keys that one set: `extends = "cpu-smollm2"` trains
+    at its context of 512, not at the default a recipe without one gets."""
+    from mtp_cli.config import resolve_recipe_path
+
+    (tmp_path / "base.toml").write_text("[model]\ncontext = 512\n")
+    child = tmp_path / "child.toml"
+    child.write_text(f'extends = "{tmp_path / "base.toml"}"\n[train]\nsteps = 3\n')
+    assert pretrained.given_model_keys(child) == {"context"}
+    assert pretrained.given_model_keys(child, {"d_model": 1}) == {"context", "d_model"}
+    assert "context" in pretrained.given_model_keys(resolve_recipe_path("cpu-smollm2"))
+
+
 def test_unsupported_and_missing_sources(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from mtp_cli import paths
-from mtp_cli.config import ModelConfig, Recipe
+from mtp_cli.config import ModelConfig, Recipe, recipe_data
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.model import gguf
@@ -241,13 +241,11 @@ def resolve_recipe(recipe: Recipe, given: set[str] | None = None) -> Source:
 
 
 def given_model_keys(recipe_file: str | Path | None, variant_model: dict | None = None) -> set[str]:
-    """The [model] keys a recipe file (and a variant's overrides) set explicitly."""
-    import tomllib
-
+    """The [model] keys a recipe file (with those of the recipes it extends) and a variant's overrides
+    set explicitly."""
     keys = set(variant_model or {})
     if recipe_file is not None:
-        data = tomllib.loads(Path(recipe_file).read_text())
-        keys |= set(data.get("model", {}))
+        keys |= set(recipe_data(Path(recipe_file)).get("model", {}))
     return keys
 
 
