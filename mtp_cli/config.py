@@ -452,12 +452,14 @@ class Recipe:
     source: SourceConfig = field(default_factory=SourceConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
-    def validate(self) -> Recipe:
-        self.model.validate()
-        self.mtp.validate()
+    def check_draft_vocab(self) -> None:
         if self.mtp.draft_vocab > self.model.vocab_size:
             raise UserError(f"mtp.draft_vocab {self.mtp.draft_vocab} is above the vocabulary of {self.model.vocab_size} "
                             f"tokens (0: all of them)")
+
+    def validate(self) -> Recipe:
+        self.model.validate()
+        self.mtp.validate()
         if self.mtp.n_extra >= self.model.context:
             raise UserError(f"{self.mtp.n_extra} extra predictions per position need model.context > "
                             f"{self.mtp.n_extra}, got {self.model.context}")
@@ -468,6 +470,8 @@ class Recipe:
         has_init = bool(self.train.init_from or self.source.recipe)  # [source]: `mtp ablate` sets init_from
         if self.train.freeze_trunk and not has_init:
             raise UserError("--freeze-trunk needs --init-from (a trained trunk to freeze)")
+        if not has_init:  # with init_from the vocabulary is the checkpoint's (pretrained.resolve_recipe checks it)
+            self.check_draft_vocab()
         if self.data.source == "self" and not has_init:
             raise UserError("data.source = 'self' needs train.init_from (the trunk whose continuations are the data)")
         return self

@@ -233,6 +233,7 @@ def resolve_recipe(recipe: Recipe, given: set[str] | None = None) -> Source:
     resolved = ModelConfig(**{f.name: getattr(theirs, f.name) for f in fields(ModelConfig)})
     resolved.context = context
     recipe.model = resolved
+    recipe.check_draft_vocab()
     if recipe.data.tokenizer not in ("bpe", src.name, str(src.path)):
         raise UserError(f"data.tokenizer = {recipe.data.tokenizer!r}: with --init-from the tokenizer is the checkpoint's")
     local = Path(src.name).expanduser().is_dir() or gguf.is_gguf(src.name)  # a Hub id stays a name
