@@ -66,9 +66,6 @@ class SubVocab:
         position[ids] = torch.arange(len(ids), device=ids.device)
         return cls(ids, position)
 
-    def to(self, device: torch.device | str) -> SubVocab:
-        return SubVocab(self.ids.to(device), self.position.to(device))
-
     def restrict(self, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The unembedding's rows of the subset, and the targets as rows of it (IGNORE outside it)."""
         mapped = self.position[targets.clamp_min(0)]
