@@ -18,7 +18,7 @@ from helpers import REPO, cli_in_process
 from mtp_cli.bench.render import render_table
 from mtp_cli.bench.run import run_specbench
 from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER, load_run
-from mtp_cli.config import SpecbenchConfig
+from mtp_cli.config import Runtime, SpecbenchConfig
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_prompts
@@ -374,3 +374,20 @@ def test_recipe_specbench_section():
         from_dict(SpecbenchConfig, section | {"primary": "heldout-t1"}).validate()
     with pytest.raises(UserError, match="temperatures must be"):
         from_dict(SpecbenchConfig, section | {"temperatures": [-0.5]}).validate()
+
+
+def test_each_benchmark_compiles_afresh_and_never_times_eager_code_as_compiled(tiny_runs, tmp_path, monkeypatch):
+    """Every engine's compiled step shares one code object, whose cache dynamo caps (`recompile_limit`): past
+    it a call runs eager without a word. With the cap at 1, the second of two benchmarks in one process
+    (as `mtp ablate` runs them) still compiles its decoder (a fresh cache); one that needs more graphs
+    than the cap allows stops with an error instead of timing eager code."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    cfg, rt = SpecbenchConfig(limit=1, max_new_tokens=6, repeats=1), Runtime(compile=True)
+    for name in ("first", "second"):
+        report = run_specbench(tiny_runs["ntp"], cfg, rt, json_path=tmp_path / f"{name}.json", show_progress=False)
+        assert only(report)["results"]["1"]["greedy"]["compile_s"] > 0, name  # 0: no graph was built, it ran eager
+    with pytest.raises(RuntimeError, match="recompile limit"):  # its greedy and MTP engines: two graphs
+        run_specbench(tiny_runs["sequential"], cfg, rt, json_path=tmp_path / "mtp.json", show_progress=False)
+    assert not (tmp_path / "mtp.json").exists()

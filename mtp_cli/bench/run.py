@@ -25,6 +25,7 @@ the reference (our plain decoder at the smallest batch size), and MTP rows carry
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +68,32 @@ def run_specbench(run_dir, cfg: SpecbenchConfig, rt: Runtime | None = None, *, d
     saved = torch.get_num_threads()
     try:
         device = env.use_runtime(rt).type
-        return _specbench(run_dir, cfg, conditions, primary, device, default_compile(device) if rt.compile is None
-                          else rt.compile, draft_run, json_path, show_progress, gsm8k_data)
+        compile = default_compile(device) if rt.compile is None else rt.compile
+        with _fresh_compiler(compile):
+            return _specbench(run_dir, cfg, conditions, primary, device, compile, draft_run, json_path,
+                              show_progress, gsm8k_data)
     finally:
         torch.set_num_threads(saved)
+
+
+@contextlib.contextmanager
+def _fresh_compiler(compile: bool):
+    """Compiled decoders start from empty dynamo caches and never fall back to eager silently. Every engine's
+    compiled step shares one code object, whose cache dynamo caps (`recompile_limit`, 8): graphs compiled
+    earlier in the process (`mtp ablate` benchmarks its runs one after another) would fill it, and past
+    the cap a call runs eager without a word, timing an eager decoder as a compiled one."""
+    if not compile:
+        yield
+        return
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        try:
+            yield
+        except torch._dynamo.exc.FailOnRecompileLimitHit as e:
+            raise RuntimeError(f"torch.compile reached its recompile limit while decoding, so the timings would "
+                               f"be of eager code; nothing was written ({e})") from e
 
 
 def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], primary: str, device: str, compile: bool,
