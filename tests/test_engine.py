@@ -113,6 +113,7 @@ def _fixed_shape(engine):
     """The fixed-shape forward that CUDA compiles into graphs (whole-capacity attention, masks from
     positions, finished rows riding along), run eager: on CPU batches never take it otherwise."""
     engine.static = True
+    engine.__dict__["compiled_batch_step"] = None
     return engine
 
 
@@ -207,6 +208,41 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     # the weights were frozen into those graphs for their calls only: a training model's compiled
     # blocks, validated under no_grad, must keep reading their changing weights
     assert torch._inductor.config.freezing is False
+
+
+@pytest.mark.slow  # three graphs to compile: about a minute on 2 cores
+def test_compiled_batches_equal_eager_in_one_graph_per_width():
+    """Several rows on CPU run one compiled graph with symbolic batch size, positions and span: ragged
+    rows (prompts of different lengths), rows dropped as they finish and verification at width k+1 all
+    give eager's output token for token, and a second ragged batch of other lengths builds no new graph."""
+    from helpers import tiny_model_config
+    from torch._dynamo.utils import counters
+
+    from mtp_cli.config import MTPConfig
+    from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.model.mtp import MTPModel
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = MTPModel(tiny_model_config(n_layers=1, context=256), MTPConfig(objective="sequential", depth=1)).eval()
+    init_weights(model, 0.3)
+
+    def stop(i, ids):
+        return len(ids) >= 6 + 4 * i
+
+    expected = generate(model.trunk, PROMPTS, 20, stop=stop)
+    assert generate(model.trunk, PROMPTS, 20, stop=stop, compile=True) == expected
+    assert speculative_generate(model, PROMPTS, 20, draft_len=2, stop=stop, compile=True) == expected
+    for engine in (engine_for(model.trunk, compile=True), engine_for(model.trunk, model, compile=True)):
+        assert engine.compile_s > 0
+    graphs = compiled_graphs()
+    other = [p[::-1] + p[:2] for p in PROMPTS[:3]]
+    assert generate(model.trunk, other, 16, compile=True) == generate(model.trunk, other, 16)
+    assert speculative_generate(model, other, 16, draft_len=2, compile=True) == generate(model.trunk, other, 16)
+    assert compiled_graphs() == graphs, "the batched compiled forward recompiled"
+    broken = {**counters["graph_break"], **counters["unimplemented"]}
+    assert not broken, list(broken)
 
 
 @pytest.mark.slow

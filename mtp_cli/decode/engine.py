@@ -14,14 +14,16 @@ Attention, eager: attend to the keys up to the furthest position written, with n
 and one query, SDPA's causal kernel for a fresh prefill, a view of one precomputed causal mask for a
 one-row window, else an additive mask built once per forward.
 
-Compiled (`compile=True`), three forms:
+Compiled (`compile=True`), four forms:
 - one row on CPU (`step`): the trunk and its unembedding in one graph whose position is a symbol, so
   it attends only to the keys written and never recompiles as the sequence grows or rolls back;
 - one row, greedy, speculative (`fused_step`): verification, acceptance and the MTP modules' next draft
   in one graph of the same kind (`speculative.FusedGreedyStep`);
+- several rows on CPU (`step`): one graph whose batch size, width and span of keys read are symbols,
+  each row masked to its own positions (fixed-shape graphs that attend over the whole capacity
+  measured slower than eager at batch size 4);
 - on CUDA: every shape fixed — attend over the whole cache capacity, mask from the positions
-  tensor — with `mode="reduce-overhead"` (CUDA graphs). On CPU batches run eager: fixed-shape graphs
-  that attend over the whole capacity measured slower than eager at batch size 4.
+  tensor — with `mode="reduce-overhead"` (CUDA graphs).
 On CPU the weights are frozen into the graphs as constants and inductor times its own GEMM
 micro-kernels against MKL per product shape (`CPU_COMPILE`): that is what keeps verifying k drafts
 near the cost of one step (MKL's few-row products cost nearly a row each on some CPUs), and the graph's
@@ -182,12 +184,13 @@ class Engine(torch.nn.Module):
         self._draft_unembeds: dict[tuple, Tensor] = {}
         self.static = compile and self.device.type == "cuda"  # batches run one fixed-shape graph per shape
         self.compile_s = 0.0  # wall time of the compiled forward's calls that compiled a new graph
-        self._static = self.compiled_row_step = None
+        self._static = self.compiled_row_step = self.compiled_batch_step = None
         self.fused_steps: dict[tuple, tuple] = {}  # verification fused with drafting: key -> (module, compiled or None)
         if self.static:
             self._static = torch.compile(self.forward_static, dynamic=False, mode="reduce-overhead")
-        elif compile:  # one row, any position: symbolic start, no capacity-wide attention; batches eager
+        elif compile:  # symbolic positions and spans: no capacity-wide attention, no recompiling as rows grow
             self.__dict__["compiled_row_step"] = torch.compile(_RowStep(self), dynamic=True, options=CPU_COMPILE)
+            self.__dict__["compiled_batch_step"] = torch.compile(_BatchStep(self), dynamic=True, options=CPU_COMPILE)
 
     # ---- tables and plans ------------------------------------------------------------------------
     def _tables(self, length: int) -> None:
@@ -207,13 +210,10 @@ class Engine(torch.nn.Module):
                              self.cfg.kv_heads, self.cfg.head_dim, self.device, self.dtype)
 
     def plan(self, positions: Tensor, capacity: int, static: bool = False) -> Plan:
+        if static:
+            return self.batch_plan(positions, capacity)
         B, T = positions.shape
         rows = torch.arange(B, device=positions.device)[:, None]
-        if static:
-            cos, sin = self.cos[positions], self.sin[positions]
-            hidden = self.key_index[:capacity][None, None, None, :] > positions[:, None, :, None]
-            mask = torch.zeros(hidden.shape, dtype=self.dtype, device=positions.device).masked_fill(hidden, float("-inf"))
-            return Plan(B, T, positions, cos.view(B * T, 1, -1), sin.view(B * T, 1, -1), rows, None, capacity, mask, False)
         lo, hi = (int(t) for t in positions.aminmax())
         check_capacity(hi, capacity)
         start = lo if B == 1 and hi - lo == T - 1 else None
@@ -227,9 +227,21 @@ class Engine(torch.nn.Module):
         elif start is not None and T > 1 and hi < self.causal_mask.shape[0]:
             mask = self.causal_mask[lo:hi + 1, : hi + 1]  # a view: no mask is built per forward
         elif T > 1 or B > 1:
-            hidden = self.key_index[: hi + 1][None, None, None, :] > positions[:, None, :, None]
-            mask = torch.zeros(hidden.shape, dtype=self.dtype, device=positions.device).masked_fill_(hidden, float("-inf"))
+            mask = self._position_mask(positions, hi + 1)
         return Plan(B, T, positions, cos.reshape(B * T, 1, -1), sin.reshape(B * T, 1, -1), rows, start, hi + 1, mask, causal)
+
+    def batch_plan(self, positions: Tensor, span: int) -> Plan:
+        """Rows at their own positions (B, T), reading keys 0..span-1, each masked to its own positions;
+        from tensors and `span` only (no host sync), for the fixed-shape and the compiled batched forwards."""
+        B, T = positions.shape
+        rows = torch.arange(B, device=positions.device)[:, None]
+        return Plan(B, T, positions, self.cos[positions].view(B * T, 1, -1), self.sin[positions].view(B * T, 1, -1),
+                    rows, None, span, self._position_mask(positions, span), False)
+
+    def _position_mask(self, positions: Tensor, span: int) -> Tensor:
+        """Additive (B, 1, T, span): -inf on the keys past each query's position."""
+        hidden = self.key_index[:span][None, None, None, :] > positions[:, None, :, None]
+        return torch.zeros(hidden.shape, dtype=self.dtype, device=positions.device).masked_fill_(hidden, float("-inf"))
 
     def row_plan(self, start: int, width: int) -> Plan:
         """One row at positions start..start+width-1, from Python ints only (no host sync), so that a
@@ -264,13 +276,28 @@ class Engine(torch.nn.Module):
         hidden, shared = self.run_trunk(tokens, self.row_plan(start, tokens.shape[1]), _Stores(k_stores, v_stores))
         return self.head(hidden), hidden, shared
 
+    def batch_step(self, tokens: Tensor, positions: Tensor, k_stores: list[Tensor], v_stores: list[Tensor],
+                   span: int) -> tuple[Tensor, Tensor, Tensor]:
+        """`step` for several rows at their own positions (CPU, compiled), reading keys 0..span-1."""
+        hidden, shared = self.run_trunk(tokens, self.batch_plan(positions, span), _Stores(k_stores, v_stores))
+        return self.head(hidden), hidden, shared
+
     def step(self, tokens: Tensor, cache: StaticKVCache) -> tuple[Tensor, Tensor, Tensor]:
         """`forward` and the logits of every position: (logits (B, T, V), hidden, last layer's input)."""
         T = tokens.shape[1]
-        start = int(cache.lengths[0]) if self.compiled_row_step is not None and cache.batch == 1 else 0
-        if _row_window(start, T):
-            cache.check(start + T - 1)
-            out = self._timed(self.compiled_row_step, tokens, cache.k, cache.v, start)
+        out = None
+        if self.compiled_row_step is not None and cache.batch == 1:
+            start = int(cache.lengths[0])
+            if _row_window(start, T):
+                cache.check(start + T - 1)
+                out = self._timed(self.compiled_row_step, tokens, cache.k, cache.v, start)
+        elif self.compiled_batch_step is not None:
+            positions = cache.positions(T)
+            lo, hi = (int(t) for t in positions.aminmax())
+            if _row_window(lo, T):
+                cache.check(hi)
+                out = self._timed(self.compiled_batch_step, tokens, positions, cache.k, cache.v, hi + 1)
+        if out is not None:
             cache.advance(T)
             return out
         hidden, shared = self.forward(tokens, cache)
@@ -392,9 +419,9 @@ class Engine(torch.nn.Module):
 
 
 def _row_window(start: int, width: int) -> bool:
-    """Whether a one-row window runs compiled: a decode step or verification, after position 0 (which
+    """Whether a window runs compiled: a decode step or verification, after position 0 (which
     torch.compile would specialise on) and no wider than `ROW_WIDTH` (wider windows are prefills, one
-    per call: they run eager and compile nothing)."""
+    per call: they run eager and compile nothing). `start`: a batch's smallest position."""
     return 0 < start and width <= ROW_WIDTH
 
 
@@ -409,6 +436,17 @@ class _RowStep(torch.nn.Module):
 
     def forward(self, *args):
         return self.engine.row_step(*args)
+
+
+class _BatchStep(torch.nn.Module):
+    """`Engine.batch_step` as a module's forward, for `torch.compile` (see `_RowStep`)."""
+
+    def __init__(self, engine: Engine):
+        super().__init__()
+        self.engine = engine
+
+    def forward(self, *args):
+        return self.engine.batch_step(*args)
 
 
 class _Stores:
