@@ -387,3 +387,25 @@ def test_parts_table_reads_a_fused_call_and_a_draft_within_noise(synth):
     (row,) = parts_table(load(synth), "heldout-greedy").rows
     step = (0.002 + 0.0022) / 2
     assert row[7] == "≈0" and row[8] == f"{0.0025 / step:.2f}"
+
+
+def test_the_draft_length_table_words_each_rule_its_runs_were_chosen_by(tmp_path):
+    """Runs benchmarked under different selection rules (one re-run after the rule changed) each keep
+    theirs: the table names every rule with the runs it chose for."""
+    import json
+
+    from mtp_cli.report.inference import draft_len_table
+    from mtp_cli.resultset import load
+
+    root = make_results(tmp_path / "r", seeds=(0, 1))
+    for seed, rule in ((0, "the fastest"), (1, "the shortest unless a longer one is faster")):
+        path = root / "runs" / f"seq-d1-s{seed}" / "specbench.json"
+        spec = json.loads(path.read_text())
+        spec["draft_len_selection"] = {"chosen": 1, "candidates": [1, 2], "source": "humaneval", "temperature": 0.0,
+                                       "prompts": 8, "plain_tokens_per_s": 10.0, "rule": rule,
+                                       "by_k": {str(k): {"speedup": 1.0, "mean_acceptance_length": 1.2,
+                                                         "acceptance_at": [0.2] * k} for k in (1, 2)}}
+        path.write_text(json.dumps(spec))
+    notes = draft_len_table(load(root)).notes
+    assert "rule: the fastest (T=0) (seq-d1 s0)" in notes
+    assert "rule: the shortest unless a longer one is faster (T=0) (seq-d1 s1)" in notes

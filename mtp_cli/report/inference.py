@@ -208,12 +208,17 @@ def draft_len_table(r: ResultSet) -> Table | None:
                              "yes" if int(k) == sel["chosen"] else ""])
     if not rows:
         return None
-    sel = next(run.spec["draft_len_selection"] for v in r.variants for run in r.seeds(v).values()
-               if run.spec.get("draft_len_selection"))
+    rules: dict[str, list[str]] = {}  # each rule as worded, with the runs it chose for
+    for v in r.variants:
+        for seed, run in r.seeds(v).items():
+            if sel := run.spec.get("draft_len_selection"):
+                rules.setdefault(f"{sel['rule']} (T={sel['temperature']:g})", []).append(f"{v} s{seed}")
+    notes = [f"rule: {rule}" + (f" ({', '.join(runs)})" if len(rules) > 1 else "") for rule, runs in rules.items()]
+    notes.append("the chosen k is then timed on the measured prompts in every condition above, so its reported "
+                 "speed-up is not the best of several noisy figures")
     return Table("Draft length, chosen on prompts the benchmark does not time",
                  ["variant", "seed", "k", "speedup vs our greedy", "MAL", "acceptance per position", "chosen"], rows,
-                 [f"rule: {sel['rule']} (T={sel['temperature']:g}); the chosen k is then timed on the measured prompts "
-                  "in every condition above, so its reported speed-up is not the best of several noisy figures"])
+                 notes)
 
 
 
