@@ -439,7 +439,8 @@ class _RowStep(torch.nn.Module):
 
 
 class _BatchStep(torch.nn.Module):
-    """`Engine.batch_step` as a module's forward, for `torch.compile` (see `_RowStep`)."""
+    """`Engine.batch_step` as a module's forward, for `torch.compile` (see `_RowStep`). A class of its own, not
+    `_RowStep` with a method name: dynamo caps graphs per code object, so each form keeps its own cache."""
 
     def __init__(self, engine: Engine):
         super().__init__()
