@@ -214,8 +214,13 @@ class TrainConfig:
     init_from: str = ""  # a checkpoint the trunk starts from: folder, Hub id, .gguf file or short name; "" = random init
     freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
     trunk_cache: bool = True  # a frozen trunk's states per batch are stored and reused (mtp_cli/trunk_cache.py)
+    distinct_batches: int = 0  # step s trains on batch s mod this (0: a new batch every step): passes over one sample
     track: str = "none"  # none | tensorboard | wandb: also log the metrics there (rank 0)
     parallel: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (sharded: FSDP2 + DCP checkpoints)
+
+    def batch_index(self, step: int) -> int:
+        """Which training batch step `step` (0-based) draws: itself, or its place in the cycle of `distinct_batches`."""
+        return step % self.distinct_batches if self.distinct_batches else step
 
     @property
     def order_seed(self) -> int:
@@ -225,6 +230,8 @@ class TrainConfig:
     def validate(self) -> None:
         if self.data_seed is not None and self.data_seed < 0:
             raise UserError(f"train.data_seed must be >= 0, got {self.data_seed}")
+        if self.distinct_batches < 0:
+            raise UserError(f"train.distinct_batches must be >= 0 (0: a new batch every step), got {self.distinct_batches}")
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "ckpt_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"train.{name} must be >= 1, got {getattr(self, name)}")

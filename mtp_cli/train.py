@@ -383,10 +383,11 @@ class _Training:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         lam = recipe.mtp.weight_at(step, t.steps)
-        x, y = shards.train_batch(self.data.train, step, t.order_seed, t.batch_size, recipe.model.context,
+        batch = t.batch_index(step)
+        x, y = shards.train_batch(self.data.train, batch, t.order_seed, t.batch_size, recipe.model.context,
                                   self.ddp.rank, self.ddp.world)
         x, y = x.to(self.device), y.to(self.device)
-        frozen = (lambda micro, xm, ym, total: self.trunk_states.get(step, micro, xm, ym, total)) \
+        frozen = (lambda micro, xm, ym, total: self.trunk_states.get(batch, micro, xm, ym, total)) \
             if self.trunk_states is not None else None
         losses = accumulate(self.forward_model, self.model, x, y, lam, t.grad_accum, self.mem_efficient, self.ddp,
                              self.autocast, frozen)

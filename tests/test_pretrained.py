@@ -480,3 +480,29 @@ def test_runs_stored_before_these_keys_still_resume(tmp_path):
     recipe.model.qkv_bias = True
     with pytest.raises(UserError, match="model.qkv_bias False -> True"):
         check_out_dir(tmp_path, recipe, resume=True, force=False)
+
+
+def test_distinct_batches_cycle_the_same_batches_and_reuse_their_trunk_states(checkpoints, tmp_path, monkeypatch):
+    """train.distinct_batches = 3 over 6 steps: steps 3..5 draw batches 0..2 again (the frozen trunk's loss
+    repeats exactly), their states come from the cache (6 misses, then 6 hits), and the modules trained equal
+    those of the same run with the trunk recomputed every step."""
+    from mtp_cli.checkpoint import load_run
+    from mtp_cli.train import train
+
+    monkeypatch.setenv("MTP_CACHE_DIR", str(tmp_path / "cache"))
+    runs = {}
+    for name, cached in (("plain", False), ("cached", True)):
+        recipe = _frozen_recipe(checkpoints["llama-tied"])
+        recipe.train.trunk_cache = cached
+        recipe.train.grad_accum = 2
+        recipe.train.distinct_batches = 3
+        summary = train(recipe, tmp_path / name, show_progress=False)
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = (summary, load_run(tmp_path / name).model.mtp.state_dict(),
+                      [r["loss_main"] for r in rows if r["kind"] == "train"])
+    assert runs["cached"][0]["trunk_cache"] == {"hits": 6, "misses": 6}  # 3 batches x 2 micro-batches, twice
+    main = runs["cached"][2]
+    assert main[3:] == main[:3] and len(set(main[:3])) == 3
+    assert main == runs["plain"][2]
+    for key, value in runs["plain"][1].items():
+        assert torch.equal(runs["cached"][1][key], value), key
