@@ -23,6 +23,7 @@ from mtp_cli.paths import RECIPES_DIR
 
 OBJECTIVES = ("ntp", "sequential", "parallel")
 MTP_INPUTS = ("post-norm", "pre-norm")
+DRAFT_TARGETS = ("token", "trunk")
 SCHEDULES = ("cosine", "wsd")
 EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
 SPEC_PROMPTS = ("humaneval", "gsm8k")
@@ -91,6 +92,8 @@ class MTPConfig:
     compute_matched: bool = True  # parallel: take n-1 layers out of the trunk
     memory_efficient: bool = True  # parallel: Meta's one-head-at-a-time backward
     draft_vocab: int = 0  # train the extra predictions over this many most frequent training tokens (0: all)
+    draft_target: str = "token"  # what extra prediction k learns: the text's token (the papers), or "trunk": the
+                                 # frozen trunk's own distribution for that token, which is what verification accepts
 
     @property
     def n_extra(self) -> int:
@@ -127,6 +130,8 @@ class MTPConfig:
             raise UserError(f"unknown mtp_input {self.mtp_input!r}; choose one of {', '.join(MTP_INPUTS)}")
         if self.draft_vocab < 0:
             raise UserError(f"mtp.draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
+        if self.draft_target not in DRAFT_TARGETS:
+            raise UserError(f"unknown mtp.draft_target {self.draft_target!r}; choose one of {', '.join(DRAFT_TARGETS)}")
 
 
 def objective_from_flags(recipe_objective: str, objective: str | None, depth: int | None, heads: int | None,
@@ -477,6 +482,8 @@ class Recipe:
         has_init = bool(self.train.init_from or self.source.recipe)  # [source]: `mtp ablate` sets init_from
         if self.train.freeze_trunk and not has_init:
             raise UserError("--freeze-trunk needs --init-from (a trained trunk to freeze)")
+        if self.mtp.draft_target == "trunk" and not self.train.freeze_trunk:
+            raise UserError("mtp.draft_target = 'trunk' distils the modules from a frozen trunk: it needs train.freeze_trunk")
         if not has_init:  # with init_from the vocabulary is the checkpoint's (pretrained.resolve_recipe checks it)
             self.check_draft_vocab()
         if self.data.source == "self" and not has_init:

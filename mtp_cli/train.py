@@ -562,6 +562,12 @@ def accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: to
 
 def _architecture_note(recipe: Recipe, model: MTPModel) -> str:
     m = recipe.mtp
+    distilled = "; each extra prediction distilled from the frozen trunk's distribution" if m.draft_target == "trunk" else ""
+    return _objective_note(recipe, model) + distilled
+
+
+def _objective_note(recipe: Recipe, model: MTPModel) -> str:
+    m = recipe.mtp
     if m.objective == "parallel":
         matched = (f"compute-matched: trunk has {model.trunk.n_layers} layers ({recipe.model.n_layers} - {m.heads - 1}); "
                    if m.compute_matched else f"not compute-matched: trunk keeps {model.trunk.n_layers} layers; ")

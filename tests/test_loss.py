@@ -400,3 +400,63 @@ def test_a_given_total_divides_the_sum_over_valid_targets(monkeypatch, k):
     assert torch.allclose(fused[1], ref[1], atol=1e-14) and torch.allclose(fused[2], ref[2], atol=1e-14)
     with torch.no_grad():  # the plain path used without autograd (fp32 cross-entropy) gives the same value
         assert float(L.linear_offset_loss(h, w, y, k, total=37.5)) == pytest.approx(ref[0], rel=1e-6)
+
+
+# ---- distillation from the trunk (mtp.draft_target = "trunk") -------------------------------------------
+
+def test_distill_offset_loss_is_the_kl_to_the_trunk_at_the_aligned_position(monkeypatch):
+    """Prediction k at position i is scored against the trunk's distribution at position i+k (both predict
+    token i+k+1): the value is Σ KL(p_trunk ‖ q) over rows with a valid target / their count, its gradient
+    that of the cross-entropy against p_trunk, with small chunks forced and an ignored row skipped."""
+    monkeypatch.setattr(L, "_CHUNK_ELEMENTS", 64 * 30)
+    g = torch.Generator().manual_seed(0)
+    k, T = 2, 70
+    student = torch.randn(2, T - k, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(2, T, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(30, 8, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 30, (2, T), generator=g)
+    y[1, k + 5] = L.IGNORE
+    loss = L.distill_offset_loss(student, teacher, w, y, k)
+    loss.backward()
+    log_q = torch.log_softmax(student @ w.t(), -1)
+    log_p = torch.log_softmax(teacher[:, k:] @ w.t(), -1)
+    valid = (y[:, k:] != L.IGNORE).unsqueeze(-1)
+    n = valid.sum()
+    expected = (log_p.exp() * (log_p - log_q) * valid).sum() / n
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    grad = torch.autograd.grad(-(log_p.exp() * torch.log_softmax(student @ w.t(), -1) * valid).sum() / n, student)[0]
+    assert torch.allclose(student.grad, grad, rtol=1e-10, atol=1e-13)
+    assert student.grad[1, 5].abs().max() == 0  # the ignored row
+
+
+def test_distill_offset_loss_is_zero_when_the_student_is_the_trunk():
+    g = torch.Generator().manual_seed(1)
+    states = torch.randn(1, 20, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(30, 8, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 30, (1, 20), generator=g)
+    assert L.distill_offset_loss(states[:, 1:], states, w, y, 1).item() == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("objective,kw", [("sequential", {"depth": 2}), ("parallel", {"heads": 3, "compute_matched": False})])
+def test_forward_distils_each_extra_prediction_from_the_trunk_logits_it_will_be_verified_by(objective, kw):
+    """With mtp.draft_target = "trunk", extra prediction k's loss is the KL from the trunk's own logits at
+    position i+k to its logits at i, both over the draft vocabulary (renormalized there): computed here from
+    `all_logits`, the model's public output. The same with the frozen trunk's stored states (`frozen_pass`)."""
+    torch.manual_seed(0)
+    cfg = tiny_model_config(vocab_size=64, n_layers=2, d_model=32, n_heads=2, ffn_hidden=64, context=16)
+    model = MTPModel(cfg, MTPConfig(objective=objective, draft_target="trunk", **kw)).eval()
+    model.freeze_trunk()
+    ids = torch.arange(0, 64, 2)
+    model.train_extra_over(ids)
+    chunk = torch.randint(0, 64, (2, 13))
+    x, y = chunk[:, :-1], chunk[:, 1:]
+    with torch.no_grad():
+        out = model(x, y)
+        stored = model(x, y, frozen=model.frozen_pass(x, y))
+        logits = [lg[..., ids].double() for lg in model.all_logits(x)]
+    for k in range(1, model.n_extra + 1):
+        log_p = torch.log_softmax(logits[0][:, k:], -1)
+        log_q = torch.log_softmax(logits[k], -1)
+        expected = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+        assert float(out.loss_extra[k - 1]) == pytest.approx(float(expected), rel=1e-5)
+        assert float(stored.loss_extra[k - 1]) == pytest.approx(float(expected), rel=1e-5)

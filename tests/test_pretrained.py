@@ -270,7 +270,8 @@ def test_frozen_trunk_is_bit_identical_after_training(checkpoints, case, tmp_pat
     assert moved  # the modules did train
 
 
-@pytest.mark.parametrize("mtp", [("sequential", {"depth": 1}), ("parallel", {"heads": 3, "compute_matched": False})])
+@pytest.mark.parametrize("mtp", [("sequential", {"depth": 1}), ("parallel", {"heads": 3, "compute_matched": False}),
+                                 ("parallel", {"heads": 3, "compute_matched": False, "draft_target": "trunk"})])
 def test_trunk_state_cache_trains_the_same_modules(checkpoints, mtp, tmp_path, monkeypatch):
     """A frozen trunk's stored states (train.trunk_cache) give the modules bit-identical weights and losses
     to running the trunk every step: on the run that stores them, and on a second run that reads them all."""
@@ -340,6 +341,13 @@ def test_bad_combinations_are_errors(checkpoints):
     recipe.train.init_from = ""
     recipe.mtp.objective = "sequential"
     with pytest.raises(UserError, match="needs --init-from"):
+        recipe.validate()
+    recipe.train.init_from, recipe.train.freeze_trunk = str(checkpoints["llama-tied"]), False
+    recipe.mtp.draft_target = "trunk"
+    with pytest.raises(UserError, match="draft_target = 'trunk' .* needs train.freeze_trunk"):
+        recipe.validate()
+    recipe.mtp.draft_target = "teacher"
+    with pytest.raises(UserError, match="unknown mtp.draft_target 'teacher'"):
         recipe.validate()
 
 

@@ -156,6 +156,30 @@ def linear_offset_loss(normed: torch.Tensor, weight: torch.Tensor, targets: torc
     return linear_cross_entropy(normed, weight, targets, total)
 
 
+def distill_offset_loss(normed: torch.Tensor, teacher_normed: torch.Tensor, weight: torch.Tensor,
+                        targets: torch.Tensor, k: int, total: float | None = None) -> torch.Tensor:
+    """Prediction k's distillation loss: KL(teacher ‖ student) summed over the rows whose target is valid (not
+    IGNORE), divided by `total` (default: their count). The student's rows are its states over the first T-k
+    positions, the teacher's the trunk's normed states at positions k..T-1 (the trunk's own distribution for
+    the same token, given the text before it); both are unembedded by `weight` (a draft vocabulary's rows:
+    the teacher is then renormalized over it). The gradient is that of the cross-entropy against the
+    teacher's distribution; the value is 0 where the student matches it."""
+    normed, targets = _aligned(normed, targets, k)
+    teacher = teacher_normed[:, k:].detach()
+    valid = (targets != IGNORE).reshape(-1)
+    n = float(valid.sum()) if total is None else float(total)
+    h, t = normed.reshape(-1, normed.shape[-1])[valid], teacher.reshape(-1, teacher.shape[-1])[valid]
+    chunk = max(64, _CHUNK_ELEMENTS // weight.shape[0])
+    acc = torch.promote_types(h.dtype, torch.float32)
+    parts = []
+    for start in range(0, h.shape[0], chunk):
+        log_q = torch.log_softmax(F.linear(h[start:start + chunk], weight).to(acc), dim=-1)
+        with torch.no_grad():
+            log_p = torch.log_softmax(F.linear(t[start:start + chunk], weight).to(acc), dim=-1)
+        parts.append((log_p.exp() * (log_p - log_q)).sum())
+    return torch.stack(parts).sum() / n if parts else h.sum() * 0.0
+
+
 def offset_loss(logits: torch.Tensor, targets: torch.Tensor, k: int, total: float | None = None) -> torch.Tensor:
     """Cross-entropy of prediction k (0 = next token) given logits over all T positions or T-k."""
     return cross_entropy(*_aligned(logits, targets, k), total)

@@ -99,9 +99,15 @@ class MTPModel(nn.Module):
         weight = self.trunk.unembed_weight
         self.extra_vocab = None if ids is None else L.SubVocab.of(ids.to(weight.device), weight.shape[0])
 
-    def extra_loss(self, k: int, normed: torch.Tensor, targets: torch.Tensor, total: float | None) -> torch.Tensor:
-        """Extra prediction k's training loss from its normed state over its vocabulary (`train_extra_over`)."""
+    def extra_loss(self, k: int, normed: torch.Tensor, targets: torch.Tensor, total: float | None,
+                   teacher: torch.Tensor | None = None) -> torch.Tensor:
+        """Extra prediction k's training loss from its normed state over its vocabulary (`train_extra_over`):
+        against the text's tokens, or with `teacher` (the trunk's normed states, mtp.draft_target = "trunk")
+        against the trunk's own distribution for the same tokens."""
         weight = self.trunk.unembed_weight
+        if teacher is not None:
+            weight = weight if self.extra_vocab is None else weight[self.extra_vocab.ids]
+            return L.distill_offset_loss(normed, teacher, weight, targets, k, total)
         if self.extra_vocab is not None:
             if total is None:  # a target outside the subset carries no loss but counts, as in training's totals
                 total = max(float(L.valid_counts(targets, k)[k]), 1.0)
@@ -139,12 +145,16 @@ class MTPModel(nn.Module):
         `frozen`: this batch's `frozen_pass`, stored earlier; the trunk then runs its last layer at most."""
         if targets is None:
             return self.all_logits(idx)
-        hidden, extras = self.hidden_states(idx, frozen.shared if frozen is not None else None)
+        distil = self.mtp_cfg.draft_target == "trunk"
+        hidden, extras = self.hidden_states(idx, frozen.shared if frozen is not None else None, need_hidden=distil)
         weight = self.trunk.unembed_weight
         totals = totals or [None] * (len(extras) + 1)
         loss_main = (frozen.loss_main if frozen is not None
                      else L.linear_cross_entropy(self.trunk.norm(hidden), weight, targets, totals[0]))
-        loss_extra = [self.extra_loss(k, self.extra_normed(k, h), targets, totals[k]) for k, h in enumerate(extras, 1)]
+        with torch.no_grad():
+            teacher = self.trunk.norm(hidden) if distil else None
+        loss_extra = [self.extra_loss(k, self.extra_normed(k, h), targets, totals[k], teacher)
+                      for k, h in enumerate(extras, 1)]
         lam = self.mtp_cfg.weight if lam is None else lam
         return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
 
@@ -162,20 +172,22 @@ class MTPModel(nn.Module):
             loss_main = L.linear_cross_entropy(trunk.norm(hidden), trunk.unembed_weight, targets, total)
         return FrozenTrunk(shared, loss_main)
 
-    def hidden_states(self, idx: torch.Tensor, shared: torch.Tensor | None = None
+    def hidden_states(self, idx: torch.Tensor, shared: torch.Tensor | None = None, need_hidden: bool = False
                       ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """Trunk hidden (pre-final-norm) over T positions, and each extra prediction's state over
         its valid positions (T-k), already cut to length. A frozen trunk runs without autograd;
         given its last layer's input (`shared`, from `frozen_pass`) it runs that layer only, and only
-        for sequential modules (parallel heads then return no trunk hidden: its loss is stored too)."""
+        for sequential modules or `need_hidden` (parallel heads otherwise return no trunk hidden: its loss
+        is stored too)."""
         trunk, T = self.trunk, idx.shape[1]
         with torch.no_grad() if self.frozen_trunk else contextlib.nullcontext():
             x = trunk.embed_tokens(idx)
             rope = trunk.rope(T, idx.device, x.dtype)
-            if shared is not None and self.objective == "parallel":
+            if shared is not None and self.objective == "parallel" and not need_hidden:
                 hidden = None
             elif self.objective == "parallel":
-                shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
+                if shared is None:
+                    shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
                 hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
             else:
                 start = 0 if shared is None else trunk.n_layers - 1
