@@ -23,6 +23,10 @@ the unembedding's rows of those tokens only, and a target outside the subset car
 still counts in `total`). The subset is the one the modules draft from at inference, so training
 matches drafting and its unembedding costs |subset| / V of the full one (EAGLE-3 and FR-Spec draft
 from such a subset; EAGLE-3 trains over it too).
+
+With a frozen trunk the extra predictions may instead be distilled from it (mtp.draft_target = "trunk",
+`distill_offset_loss`): prediction k at position i and the trunk at position i+k predict the same token,
+so the target is the trunk's whole distribution there rather than the text's token.
 """
 
 from __future__ import annotations
