@@ -59,7 +59,8 @@ def settings_table(r: ResultSet) -> Table:
         overrides = "; ".join(f"{sec}: " + ", ".join(f"{k}={_plain(val)}" for k, val in v[sec].items())
                               for sec in ("model", "mtp", "data", "train") if v.get(sec))
         offsets = ", ".join(f"{k} {v[k]}" for k in ("init_seed_offset", "data_seed_offset") if v.get(k))
-        what = v.get("description") or overrides or "the recipe as is"
+        what = (f"{v['description']} ({overrides})" if v.get("description") and overrides
+                else v.get("description") or overrides or "the recipe as is")
         ran = "" if v["name"] in r.variants else " — no runs yet"
         rows.append([f"variant {v['name']}", what + (f" ({offsets})" if offsets else "") + ran])
     return Table("Settings", ["", ""], rows)
