@@ -20,7 +20,7 @@ from mtp_cli import env, results
 from mtp_cli.config import Recipe
 from mtp_cli.data import shards
 from mtp_cli.model import MTPModel
-from mtp_cli.model.flops import flops_per_token, forward_flops_per_token
+from mtp_cli.model.flops import flops_per_token, forward_flops_per_token, trunk_forward_flops_per_token
 
 ASSUMED_MFU = {"cpu": 0.5, "cuda": 0.35}  # fp32 on CPU reaches ~0.55 at the quick scale; bf16 on CUDA varies
 
@@ -29,6 +29,15 @@ ASSUMED_MFU = {"cpu": 0.5, "cuda": 0.35}  # fp32 on CPU reaches ~0.55 at the qui
 class Estimate:
     seconds: float | None
     basis: str
+
+
+def stored_trunk_steps(recipe: Recipe, done: int) -> int:
+    """Of the steps left after `done`, how many read trunk states this run stores itself: with a frozen,
+    cached trunk and train.distinct_batches = N, every step after the first N draws a batch seen before."""
+    t = recipe.train
+    if not (t.freeze_trunk and t.trunk_cache and t.distinct_batches):
+        return 0
+    return max(t.steps - max(done, t.distinct_batches), 0)
 
 
 def training_flops(recipe: Recipe) -> tuple[float, float, int]:
@@ -86,16 +95,22 @@ class Estimator:
         fpt, forward_fpt, tokens = training_flops(recipe)
         val_tokens = (recipe.train.steps // recipe.train.eval_every + 1) * recipe.train.eval_batches * tokens
         flops = fpt * tokens * remaining + forward_fpt * val_tokens * remaining / max(recipe.train.steps, 1)
+        reused = stored_trunk_steps(recipe, done)
+        if reused:
+            with torch.device("meta"):
+                trunk = trunk_forward_flops_per_token(MTPModel(recipe.model, recipe.mtp), recipe.model.context)
+            flops -= trunk * tokens * reused
+        how = f"; the trunk's forward on {remaining - reused} of {remaining} steps (stored states)" if reused else ""
         if self.achieved:
             rate = statistics.median(self.achieved)
             return Estimate(flops / rate, f"{flops / 1e12:.3g} TFLOP / {rate / 1e9:.0f} GFLOP/s "
-                                          f"(reached by {len(self.achieved)} run(s) here)")
+                                          f"(reached by {len(self.achieved)} run(s) here){how}")
         peak, device = self.peak(recipe)
-        mfu, how = ASSUMED_MFU.get(device, 0.35), "assumed"
+        mfu = ASSUMED_MFU.get(device, 0.35)
         if not peak:
-            return Estimate(None, f"{flops / 1e15:.3g} PFLOP; no {device} here to measure its peak")
+            return Estimate(None, f"{flops / 1e15:.3g} PFLOP; no {device} here to measure its peak{how}")
         return Estimate(flops / (peak * mfu),
-                        f"{flops / 1e12:.3g} TFLOP / {peak / 1e9:.0f} GFLOP/s / MFU {mfu:.0%} ({how})")
+                        f"{flops / 1e12:.3g} TFLOP / {peak / 1e9:.0f} GFLOP/s / MFU {mfu:.0%} (assumed){how}")
 
     def _borrowed(self, cell, stage: str) -> Estimate:
         mine = self.stage_times.get((cell.variant.name, stage))

@@ -466,7 +466,7 @@ def test_peak_memory_counts_training_not_data_preparation():
     assert env.peak_memory_mb(cpu) < before - 250
 
 
-def test_flops_per_token_counts_a_frozen_trunk_forward_only():
+def test_flops_per_token_counts_a_frozen_trunk_forward_only(tmp_path):
     """The training FLOPs formula, counted by hand from the config: with train.freeze_trunk the trunk
     (no-grad) costs its forward only, the modules 3 × forward, and their use of the frozen shared
     unembedding forward + input gradient (2 ×); unfrozen, everything is 3 × forward. cost.py agrees."""
@@ -495,6 +495,21 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only():
     assert cost.training_flops(recipe)[0] == unfrozen
     recipe.train.freeze_trunk = True
     assert cost.training_flops(recipe) == (frozen, trunk_fwd + module_fwd + unembed_fwd, recipe.train.batch_size * T)
+
+    # train.distinct_batches: steps past the first N read the trunk states the run stored, so the dry run's
+    # estimate counts the trunk's forward on N batches only
+    assert flops.trunk_forward_flops_per_token(model, T) == trunk_fwd
+    recipe.train.steps, recipe.train.distinct_batches, recipe.train.peak_flops = 10, 4, 1e11
+    cell = type("Cell", (), {"recipe": recipe, "run_dir": tmp_path / "run"})()
+    est = cost.Estimator(tmp_path, recipe)
+    val_tokens = (10 // recipe.train.eval_every + 1) * recipe.train.eval_batches * recipe.train.batch_size * T
+    every_step = frozen * recipe.train.batch_size * T * 10 + (trunk_fwd + module_fwd + unembed_fwd) * val_tokens
+    stored = every_step - trunk_fwd * recipe.train.batch_size * T * 6
+    estimate = est._train(cell)
+    assert estimate.seconds == pytest.approx(stored / (1e11 * cost.ASSUMED_MFU["cpu"]), rel=1e-12)
+    assert "the trunk's forward on 4 of 10 steps" in estimate.basis
+    recipe.train.trunk_cache = False
+    assert est._train(cell).seconds == pytest.approx(every_step / (1e11 * cost.ASSUMED_MFU["cpu"]), rel=1e-12)
 
     model.mtp_cfg.draft_vocab = V // 4  # the module's unembedding over a quarter of the vocabulary's rows
     assert flops.flops_per_token(model, T) == trunk_fwd + 3 * module_fwd + 2 * unembed_fwd / 4

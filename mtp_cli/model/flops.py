@@ -26,6 +26,12 @@ def forward_flops_per_token(model: MTPModel, context: int) -> float:
     return sum(_flop_parts(model, context))
 
 
+def trunk_forward_flops_per_token(model: MTPModel, context: int) -> float:
+    """FLOPs per token of the trunk's forward pass, unembedding included: what a frozen trunk's stored
+    states (train.trunk_cache) save on a batch it has seen."""
+    return _flop_parts(model, context)[0]
+
+
 def flops_per_token(model: MTPModel, context: int) -> float:
     """Training FLOPs per token: 3 × forward (the backward is 2 ×). A frozen trunk (`model.frozen_trunk`,
     set by train.freeze_trunk) runs under no-grad: its forward only. The extra predictions' unembedding
