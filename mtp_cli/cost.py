@@ -40,13 +40,19 @@ def stored_trunk_steps(recipe: Recipe, done: int) -> int:
     return max(t.steps - max(done, t.distinct_batches), 0)
 
 
-def training_flops(recipe: Recipe) -> tuple[float, float, int]:
-    """(training FLOPs per token, forward FLOPs per token, tokens per step) of a single-run recipe,
-    without allocating the model; a frozen trunk (train.freeze_trunk) counts as it trains."""
+def _meta_model(recipe: Recipe) -> MTPModel:
+    """The recipe's model without memory (shapes only), its trunk frozen as training will freeze it."""
     with torch.device("meta"):
         model = MTPModel(recipe.model, recipe.mtp)
     if recipe.train.freeze_trunk:
         model.freeze_trunk()
+    return model
+
+
+def training_flops(recipe: Recipe) -> tuple[float, float, int]:
+    """(training FLOPs per token, forward FLOPs per token, tokens per step) of a single-run recipe,
+    without allocating the model; a frozen trunk (train.freeze_trunk) counts as it trains."""
+    model = _meta_model(recipe)
     context = recipe.model.context
     return (flops_per_token(model, context), forward_flops_per_token(model, context),
             recipe.train.batch_size * context)
@@ -97,9 +103,7 @@ class Estimator:
         flops = fpt * tokens * remaining + forward_fpt * val_tokens * remaining / max(recipe.train.steps, 1)
         reused = stored_trunk_steps(recipe, done)
         if reused:
-            with torch.device("meta"):
-                trunk = trunk_forward_flops_per_token(MTPModel(recipe.model, recipe.mtp), recipe.model.context)
-            flops -= trunk * tokens * reused
+            flops -= trunk_forward_flops_per_token(_meta_model(recipe), recipe.model.context) * tokens * reused
         how = f"; the trunk's forward on {remaining - reused} of {remaining} steps (stored states)" if reused else ""
         if self.achieved:
             rate = statistics.median(self.achieved)

@@ -19,7 +19,7 @@ find with 80% power, from the same two terms: √((t₀.₉₇₅ + t₀.₈₀)
 
 Ratios (speed-ups) are averaged and given intervals on the log scale, so no interval goes below zero.
 
-tests/test_stats.py simulates 2, 3 and 5 seeds and checks that this interval covers 95%, while the
+A simulation over 2, 3 and 5 seeds (tests/test_stats.py) checks that this interval covers 95%, while the
 hierarchical percentile bootstrap the report used before (`stats.hierarchical_difference`, kept as
 the control) does not.
 """
