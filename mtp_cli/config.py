@@ -34,7 +34,7 @@ PARALLEL = ("ddp", "fsdp")  # train.parallel: how torchrun's processes share the
 LAUNCHERS = ("local", "slurm")
 VARIANT_SECTIONS = ("model", "mtp", "data", "train", "eval", "specbench")
 ROPE_TYPES = ("default", "linear", "llama3")
-SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval")
+SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval", "stdlib-functions")  # data.self_prompts, "+" mixes them
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
 
@@ -167,7 +167,8 @@ class DataConfig:
     max_bytes: int = 0  # 0 = whole corpus
     cache_dir: str = ".cache/mtp"
     # source = "self": the init_from trunk's own greedy continuations of prompts from `self_prompts`
-    self_prompts: str = "stdlib"  # stdlib | files | gsm8k (both read data.paths) | humaneval
+    self_prompts: str = "stdlib"  # stdlib | files | gsm8k (both read data.paths) | humaneval | stdlib-functions,
+                                  # or several joined by "+" (e.g. "stdlib-functions+gsm8k"), sharing the samples
     self_samples: int = 256  # prompts continued
     self_prompt_tokens: int = 32  # corpus prompts: windows of this many tokens
     self_new_tokens: int = 128  # greedy tokens generated per prompt (fewer at end of text)
@@ -176,12 +177,17 @@ class DataConfig:
         if self.source not in ("stdlib", "files", "gsm8k", "hf", "self"):
             raise UserError(f"unknown data.source {self.source!r}; choose stdlib, files, gsm8k, hf or self")
         if self.source == "self":
-            if self.self_prompts not in SELF_PROMPTS:
-                raise UserError(f"unknown data.self_prompts {self.self_prompts!r}; choose one of {', '.join(SELF_PROMPTS)}")
+            unknown = [p for p in self.self_prompt_sets if p not in SELF_PROMPTS]
+            if unknown or len(set(self.self_prompt_sets)) < len(self.self_prompt_sets):
+                raise UserError(f"unknown or repeated data.self_prompts {self.self_prompts!r}; choose one of "
+                                f"{', '.join(SELF_PROMPTS)}, or several joined by '+'")
             for name in ("self_samples", "self_prompt_tokens", "self_new_tokens"):
                 if getattr(self, name) < 1:
                     raise UserError(f"data.{name} must be >= 1, got {getattr(self, name)}")
-        if self.source in ("files", "gsm8k") or (self.source == "self" and self.self_prompts in ("files", "gsm8k")):
+            if self.self_samples < len(self.self_prompt_sets):
+                raise UserError(f"data.self_samples ({self.self_samples}) must give each prompt set in "
+                                f"{self.self_prompts!r} at least one prompt")
+        if self.source in ("files", "gsm8k") or (self.source == "self" and {"files", "gsm8k"} & set(self.self_prompt_sets)):
             if not self.paths:
                 raise UserError(f"data.source = {self.source!r} needs data.paths (or --data PATH)")
             for p in self.paths:
@@ -191,6 +197,11 @@ class DataConfig:
             raise UserError("data.source = 'hf' needs data.hf_dataset")
         if not 0.0 < self.val_fraction < 0.5:
             raise UserError(f"data.val_fraction must be in (0, 0.5), got {self.val_fraction}")
+
+    @property
+    def self_prompt_sets(self) -> list[str]:
+        """The prompt sets `self_prompts` names, in order."""
+        return self.self_prompts.split("+")
 
 
 @dataclass

@@ -5,9 +5,10 @@ the corpus it was trained on: Medusa-2's self-distillation, FastMTP's self-disti
 SpecForge's regenerated training sets all report it. Each document is a prompt followed by the
 trunk's greedy continuation of it (up to `self_new_tokens`, fewer at end of text). Prompts come from
 `data.self_prompts`: windows of `self_prompt_tokens` tokens cut evenly from a corpus (stdlib, or
-files in data.paths), GSM8K training questions (the train split in data.paths, never the test
-split), or the HumanEval prompts (then a HumanEval specbench measures drafting on prompts the
-modules saw). Generation is Hugging Face `generate` on the source checkpoint itself.
+files in data.paths), standard-library functions cut after their docstring (HumanEval's shape, not
+its items), GSM8K training questions (the train split in data.paths, never the test split), or the
+HumanEval prompts (then a HumanEval specbench measures drafting on prompts the modules saw); several
+joined by "+" share the samples evenly. Generation is Hugging Face `generate` on the source checkpoint itself.
 
 The documents are cached under `<cache>/self/<key>.jsonl`, the key hashing the trunk's weights
 (`weights_sha256`, also stamped in the file's meta) with every setting, so a changed trunk or
@@ -16,9 +17,11 @@ setting never reuses them; the token shards built from them are cached like any 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import textwrap
 from pathlib import Path
 
 import torch
@@ -33,33 +36,72 @@ from mtp_cli.files import atomic_write_text
 from mtp_cli.model import pretrained
 
 BATCH = 64
+MAX_FUNCTION_PROMPT_CHARS = 1500  # about 400 tokens; HumanEval's longest prompt is ~1,300 characters
 
 
-def _corpus_prompts(cfg: DataConfig, tokenizer) -> list[list[int]]:
-    corpus_cfg = DataConfig(source=cfg.self_prompts, paths=cfg.paths, text_field=cfg.text_field, max_bytes=cfg.max_bytes)
+def _share(cfg: DataConfig, prompt_set: str) -> int:
+    """How many of `self_samples` go to `prompt_set`: an even split, the first sets taking the remainder."""
+    sets = cfg.self_prompt_sets
+    quotient, remainder = divmod(cfg.self_samples, len(sets))
+    return quotient + (sets.index(prompt_set) < remainder)
+
+
+def _corpus_prompts(cfg: DataConfig, prompt_set: str, tokenizer) -> list[list[int]]:
+    corpus_cfg = DataConfig(source=prompt_set, paths=cfg.paths, text_field=cfg.text_field, max_bytes=cfg.max_bytes)
     ids = [t for e in tokenizer.backend_tokenizer.encode_batch(sources.corpus(corpus_cfg), add_special_tokens=False)
            for t in e.ids]
     n_windows = len(ids) // cfg.self_prompt_tokens
     if n_windows < 1:
         raise UserError(f"the prompt corpus has {len(ids)} tokens, fewer than data.self_prompt_tokens")
-    take = min(cfg.self_samples, n_windows)
+    take = min(_share(cfg, prompt_set), n_windows)
     starts = [(i * n_windows // take) * cfg.self_prompt_tokens for i in range(take)]
     return [ids[s:s + cfg.self_prompt_tokens] for s in starts]
 
 
-def _text_prompts(cfg: DataConfig) -> list[str]:
-    if cfg.self_prompts == "humaneval":
-        return load_prompts("humaneval", cfg.self_samples)
+def function_prompts() -> list[str]:
+    """A HumanEval-shaped prompt for each public standard-library function with a docstring and a body:
+    its `def` line(s) through the docstring's end, dedented, ending in a newline (the body is the trunk's
+    to write). In file order; very long headers (over MAX_FUNCTION_PROMPT_CHARS), and those whose docstring
+    is indented less than the `def`, are left out."""
+    prompts = []
+    for path in sources.stdlib_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_")
+                    and ast.get_docstring(node) and len(node.body) > 1):
+                head = textwrap.dedent("\n".join(lines[node.lineno - 1:node.body[0].end_lineno])) + "\n"
+                if head.startswith(("def ", "async def ")) and len(head) <= MAX_FUNCTION_PROMPT_CHARS:
+                    prompts.append(head)
+    return prompts
+
+
+def _text_prompts(cfg: DataConfig, prompt_set: str) -> list[str]:
+    take = _share(cfg, prompt_set)
+    if prompt_set == "humaneval":
+        return load_prompts("humaneval", take)
+    if prompt_set == "stdlib-functions":
+        every = function_prompts()
+        return [every[i * len(every) // take] for i in range(min(take, len(every)))]
     questions = [gsm8k_format.prompt(row["question"]) for row in sources.gsm8k_train_rows(cfg.paths)]
     if not questions:
         raise UserError(f"no GSM8K training questions (train*.jsonl) under {', '.join(cfg.paths)}")
-    return questions[:cfg.self_samples]
+    return questions[:take]
 
 
 def prompt_ids(cfg: DataConfig, tokenizer) -> list[list[int]]:
-    if cfg.self_prompts in ("stdlib", "files"):
-        return _corpus_prompts(cfg, tokenizer)
-    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in _text_prompts(cfg)]
+    """The prompts to continue: each of `self_prompt_sets` in turn, with its share of `self_samples`."""
+    ids = []
+    for prompt_set in cfg.self_prompt_sets:
+        if prompt_set in ("stdlib", "files"):
+            ids += _corpus_prompts(cfg, prompt_set, tokenizer)
+        else:
+            ids += [tokenizer(p, add_special_tokens=False)["input_ids"] for p in _text_prompts(cfg, prompt_set)]
+    return ids
 
 
 def cache_key(cfg: DataConfig, weights_sha256: str, prompts: list[list[int]]) -> str:

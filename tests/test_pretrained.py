@@ -471,6 +471,63 @@ def test_cli_train_init_from_uses_the_checkpoint(checkpoints, tmp_path, capsys, 
     assert run["data"]["tokenizer_size"] == len(toklib.load(folder))
 
 
+def test_self_prompt_sets_mix_in_order_with_an_even_share(checkpoints):
+    """data.self_prompts = "stdlib-functions+gsm8k": 5 samples give the first set 3 and the second 2;
+    the function prompts are standard-library functions cut after their docstring (each parses once a
+    body is added), the GSM8K ones are training questions in lm-eval's format, never test questions."""
+    import ast
+
+    from mtp_cli import paths, selfdistill
+    from mtp_cli.config import DataConfig
+    from mtp_cli.data import gsm8k_format
+    from mtp_cli.data.prompts import load_prompts
+
+    tok = toklib.load(checkpoints["llama-gqa-untied"])
+    gsm8k = str(paths.gsm8k_data(None))
+    cfg = DataConfig(source="self", self_prompts="stdlib-functions+gsm8k", paths=[gsm8k], self_samples=5)
+    cfg.validate()
+    texts = [tok.decode(ids) for ids in selfdistill.prompt_ids(cfg, tok)]
+    assert len(texts) == 5
+    for text in texts[:3]:
+        function = ast.parse(text + "    pass\n").body[0]
+        assert isinstance(function, ast.FunctionDef) and ast.get_docstring(function)
+        assert text.rstrip().endswith(('"""', "'''"))
+    train = json.loads((Path(gsm8k) / "train.jsonl").read_text().splitlines()[0])["question"]
+    assert texts[3] == gsm8k_format.prompt(train)
+    test_prompts = set(load_prompts("gsm8k", gsm8k_data=gsm8k))
+    assert not test_prompts & set(texts[3:])
+    every = selfdistill.function_prompts()
+    assert len(every) > 1000 and all(len(p) <= selfdistill.MAX_FUNCTION_PROMPT_CHARS for p in every)
+    swapped = DataConfig(source="self", self_prompts="gsm8k+stdlib-functions", paths=[gsm8k], self_samples=5)
+    swapped_texts = [tok.decode(ids) for ids in selfdistill.prompt_ids(swapped, tok)]
+    assert swapped_texts[:2] == texts[3:] and swapped_texts[3:] == [every[0], every[len(every) // 2]]
+
+
+@pytest.mark.parametrize("prompts, paths_given, message", [
+    ("stdlib+bogus", True, "unknown or repeated data.self_prompts"),
+    ("gsm8k+gsm8k", True, "unknown or repeated data.self_prompts"),
+    ("stdlib-functions+gsm8k", False, "needs data.paths"),
+])
+def test_bad_self_prompt_sets_are_one_line_errors(prompts, paths_given, message):
+    from mtp_cli import paths
+    from mtp_cli.config import DataConfig
+
+    given = [str(paths.gsm8k_data(None))] if paths_given else []
+    with pytest.raises(UserError, match=message):
+        DataConfig(source="self", self_prompts=prompts, paths=given).validate()
+    with pytest.raises(UserError, match="at least one prompt"):
+        DataConfig(source="self", self_prompts="stdlib+stdlib-functions", self_samples=1).validate()
+
+
+@pytest.mark.parametrize("prompts, compared_on", [("stdlib-functions+gsm8k", "stdlib"), ("gsm8k+stdlib", "gsm8k"),
+                                                  ("humaneval+files", "files")])
+def test_a_mixed_self_distilled_run_is_compared_on_its_first_corpus(prompts, compared_on):
+    from mtp_cli.config import DataConfig
+    from mtp_cli.data.shards import comparison_config
+
+    assert comparison_config(DataConfig(source="self", self_prompts=prompts)).source == compared_on
+
+
 def test_runs_stored_before_these_keys_still_resume(tmp_path):
     """A run.json written before qkv_bias/rope_scaling/init_from/freeze_trunk/self_* existed is the same run."""
     from helpers import micro_recipe

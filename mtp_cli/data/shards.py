@@ -116,14 +116,15 @@ def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> 
 
 def comparison_config(cfg):
     """The data a run is compared on (held-out loss, heldout specbench prompts): its own, except for a
-    self-distilled run, whose text is its trunk's output: then the corpus its prompts came from, as
-    every other variant of the comparison is measured on."""
+    self-distilled run, whose text is its trunk's output: then the corpus its (first) prompts came from,
+    as every other variant of the comparison is measured on."""
     if cfg.source != "self":
         return cfg
-    if cfg.self_prompts == "humaneval":
+    corpora = [{"stdlib-functions": "stdlib"}.get(p, p) for p in cfg.self_prompt_sets if p != "humaneval"]
+    if not corpora:
         raise UserError("this run was self-distilled from HumanEval prompts, which have no validation split "
                         "to compare on: use --text FILE for held-out loss and --prompts humaneval for specbench")
-    return dataclasses.replace(cfg, source=cfg.self_prompts)
+    return dataclasses.replace(cfg, source=corpora[0])
 
 
 def train_batch(tokens: np.ndarray, step: int, seed: int, batch: int, context: int,
