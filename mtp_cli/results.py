@@ -376,7 +376,7 @@ COLUMNS: list[Column] = [
     Column("spec_speedup_hi", "the same interval, upper end", lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "speedup", 1)),
     Column(
         "spec_ideal_speedup",
-        "MAL · T_step / (T_verify + Σ T_draft) from measured parts (bs=1)",
+        "MAL · T_step / (T_verify + Σ T_draft) from forward parts timed side by side (bs=1)",
         spec_value(1, MTP_METHOD, "ideal_speedup"),
     ),
     Column("spec_tokens_per_s", "MTP speculative decoding tokens/s (bs=1)", spec_value(1, MTP_METHOD, "tokens_per_s")),

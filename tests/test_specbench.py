@@ -77,6 +77,9 @@ def test_sequential_report(tiny_runs, tmp_path):
         assert list(m["t_verify_by_k_s"]) == ["1", "2", "3", "4"] and all(t > 0 for t in m["t_verify_by_k_s"].values())
         assert g["t_step_s"] > 0 and g["t_prefill_s"] > 0 and g["compile_s"] == m["compile_s"] == 0.0
         assert m["fused"] is False and m["t_verify_draft_s"] == pytest.approx(m["t_verify_s"] + m["t_draft_s"])
+        # the ideal from the forward parts timed side by side: the step and verifying k = 3 drafts, plus drafting
+        ideal = m["mean_acceptance_length"] * m["t_forward_step_s"] / (m["t_verify_by_k_s"]["3"] + m["t_draft_s"])
+        assert m["ideal_speedup"] == pytest.approx(ideal) and m["speedup_over_ideal"] == pytest.approx(m["speedup"] / ideal)
     assert report["environment"]["compile"] is False
     assert re.fullmatch(r"[0-9a-f]{40}", report["git_commit"])  # the report credits the code that measured it
     from rich.console import Console
@@ -135,6 +138,8 @@ def test_parallel_report(tiny_runs, tmp_path):
     # one row, greedy: verification and drafting ran as one call, timed in the loop and alone
     assert m["fused"] is True and m["t_verify_s"] is None and m["t_verify_draft_s"] > 0
     assert m["t_draft_s"] == pytest.approx(m["t_forward_verify_draft_s"] - m["t_verify_by_k_s"]["2"])
+    assert m["ideal_speedup"] == pytest.approx(m["mean_acceptance_length"] * m["t_forward_step_s"]
+                                               / m["t_forward_verify_draft_s"])
 
 
 def test_ntp_report_measures_baseline_and_peers_only(tiny_runs, tmp_path):

@@ -8,6 +8,7 @@ import torch
 from mtp_cli.bench.forward_cost import forward_costs
 from mtp_cli.decode.engine import engine_for
 from mtp_cli.decode.speculative import make_drafter
+from mtp_cli.result_docs import ci_key
 
 VERIFY_WIDTHS_UP_TO = 4  # t_verify is measured for k = 1..max(4, the draft length)
 
@@ -18,7 +19,8 @@ def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | N
     their warm-up), and the trunk forward at fixed widths on these prompts (`t_forward_by_width_s`:
     width 1 is the plain step, width k+1 verifies k drafts; `t_verify_by_k_s` and its ratio to the
     step for k = 1..max(4, k)); one row, greedy, also the fused verify-and-draft call
-    (`t_forward_verify_draft_s`) and the draft's share of it, beyond verifying (`t_draft_s`)."""
+    (`t_forward_verify_draft_s`) and the draft's share of it, beyond verifying (`t_draft_s`). From
+    these parts, timed side by side, the ideal speed-up: MAL · T_step / (T_verify(k) + T_draft)."""
     greedy_engine = engine_for(model.trunk, compile=compile)
     results[baseline]["compile_s"] = greedy_engine.compile_s
     if "mtp" not in results:
@@ -36,3 +38,13 @@ def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | N
         results["mtp"]["t_draft_s"] = costs["fused"] - costs[k + 1]
     results["mtp"]["t_verify_by_k_s"] = {str(j): costs[j + 1] for j in ks}
     results["mtp"]["verify_over_step_by_k"] = {str(j): costs[j + 1] / costs[1] for j in ks}
+    _add_ideal(results["mtp"], costs[1], costs["fused"] if fused is not None else costs[k + 1] + results["mtp"]["t_draft_s"])
+
+
+def _add_ideal(mtp: dict, step_s: float, verify_draft_s: float) -> None:
+    """The speed-up if a speculative step cost only its forward parts: MAL · T_step / (T_verify + T_draft),
+    and the measured speed-up's share of it (its interval scaled alike: the parts are one measurement)."""
+    ideal = mtp["mean_acceptance_length"] * step_s / verify_draft_s
+    mtp["ideal_speedup"], mtp[ci_key("ideal_speedup")] = ideal, [ideal, ideal]
+    mtp["speedup_over_ideal"] = mtp["speedup"] / ideal
+    mtp[ci_key("speedup_over_ideal")] = [x / ideal for x in mtp[ci_key("speedup")]]

@@ -111,8 +111,7 @@ def _acceptance_by_unit(per_batch: list[SpecStats], bs: int) -> dict:
 def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
     stats = runs[0].stats
     e = stats.to_dict()
-    mal = stats.mean_acceptance_length
-    ideal, parts = [], {"t_verify_s": [], "t_draft_s": [], "t_verify_draft_s": [], "t_other_s": []}
+    parts = {"t_verify_s": [], "t_draft_s": [], "t_verify_draft_s": [], "t_other_s": []}
     fused = runs[0].timer.count["verify_draft"] > 0  # one row, greedy: verify and draft are one call
     for t, b in zip(runs, base):
         if fused:
@@ -121,17 +120,14 @@ def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
             verify, draft = t.timer.mean("verify"), t.timer.mean("draft") or 0.0
             parts["t_verify_s"].append(verify)
             parts["t_draft_s"].append(draft)
-        ideal.append(mal * b.timer.mean("step") / (verify + draft))
         steps = t.timer.count["verify_draft" if fused else "verify"]
         other = sum(t.walls) - sum(t.timer.total[p] for p in ("prefill", "draft0", "draft", "verify", "verify_draft"))
         parts["t_verify_draft_s"].append(verify + draft)
         parts["t_other_s"].append(other / steps)
-    _put(e, "ideal_speedup", ideal)
     e["fused"] = fused
     for key, values in parts.items():
         e[key] = median_ci(values)[0] if values else None
     e["t_draft0_s"] = median_ci([t.timer.mean("draft0") for t in runs])[0]
-    _put(e, "speedup_over_ideal", [t.tokens_per_s / b.tokens_per_s / i for t, b, i in zip(runs, base, ideal)])
     return e
 
 

@@ -11,7 +11,7 @@ reported as medians with 95% percentile-bootstrap intervals over repeats. Method
 - hf_assisted: its draft-model speculative decoding with `--draft RUN`'s trunk (batch size 1 only).
 Every method's output is compared with greedy's on every prompt (`lossless`); where they differ the
 first differing position and our trunk's top-2 logit gap there say whether a near-tie explains it.
-Ideal MTP speedup, from measured parts: MAL · T_step / (T_verify + T_draft).
+Ideal MTP speedup, from forward parts timed side by side: MAL · T_step / (T_verify + T_draft).
 
 Conditions: every prompt source (`--prompts humaneval,heldout`) × temperature (`--temperatures 0,0.8`)
 is measured as above. At temperature > 0 the baseline is our plain sampling (`sample`), MTP runs

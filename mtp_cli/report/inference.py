@@ -64,7 +64,8 @@ def inference_section(r: ResultSet) -> Section:
                  "n ≤ 16, repeated at least 3 times in a row); whitespace: share of its outputs that are whitespace "
                  "only — high acceptance on such text says little about real text",
                  "speedup = MTP speculative tokens/s ÷ our plain greedy tokens/s on the same prompts, end to end; "
-                 "ideal = MAL · T_step / (T_verify + T_draft) from measured parts: the gap is our overhead",
+                 "ideal = MAL · T_step / (T_verify + T_draft) from the forward parts timed side by side (the cost "
+                 "table below): the gap is the decoding loops' own time, greedy's and ours",
                  "lossless: the speculative output equals plain greedy on every prompt",
                  "acceptance per draft position i counts i only when every earlier position was accepted (vLLM)",
                  seeds_note, *sorted(notes)]
