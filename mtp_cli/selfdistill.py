@@ -18,6 +18,7 @@ setting never reuses them; the token shards built from them are cached like any 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -58,11 +59,12 @@ def _corpus_prompts(cfg: DataConfig, prompt_set: str, tokenizer) -> list[list[in
     return [ids[s:s + cfg.self_prompt_tokens] for s in starts]
 
 
-def function_prompts() -> list[str]:
+@functools.cache
+def function_prompts() -> tuple[str, ...]:
     """A HumanEval-shaped prompt for each public standard-library function with a docstring and a body:
     its `def` line(s) through the docstring's end, dedented, ending in a newline (the body is the trunk's
-    to write). In file order; very long headers (over MAX_FUNCTION_PROMPT_CHARS), and those whose docstring
-    is indented less than the `def`, are left out."""
+    to write). File by file, each file's functions in `ast.walk` order; very long headers (over
+    MAX_FUNCTION_PROMPT_CHARS), and those whose docstring is indented less than the `def`, are left out."""
     prompts = []
     for path in sources.stdlib_files():
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -70,14 +72,14 @@ def function_prompts() -> list[str]:
             tree = ast.parse(text)
         except SyntaxError:
             continue
-        lines = text.splitlines()
+        lines = text.split("\n")  # as ast numbers lines: form feeds and the like do not end one
         for node in ast.walk(tree):
             if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_")
                     and ast.get_docstring(node) and len(node.body) > 1):
                 head = textwrap.dedent("\n".join(lines[node.lineno - 1:node.body[0].end_lineno])) + "\n"
                 if head.startswith(("def ", "async def ")) and len(head) <= MAX_FUNCTION_PROMPT_CHARS:
                     prompts.append(head)
-    return prompts
+    return tuple(prompts)
 
 
 def _text_prompts(cfg: DataConfig, prompt_set: str) -> list[str]:
@@ -86,7 +88,11 @@ def _text_prompts(cfg: DataConfig, prompt_set: str) -> list[str]:
         return load_prompts("humaneval", take)
     if prompt_set == "stdlib-functions":
         every = function_prompts()
-        return [every[i * len(every) // take] for i in range(min(take, len(every)))]
+        if not every:
+            raise UserError("no standard-library function with a docstring and a body was found for "
+                            "data.self_prompts = 'stdlib-functions'")
+        take = min(take, len(every))
+        return [every[i * len(every) // take] for i in range(take)]
     questions = [gsm8k_format.prompt(row["question"]) for row in sources.gsm8k_train_rows(cfg.paths)]
     if not questions:
         raise UserError(f"no GSM8K training questions (train*.jsonl) under {', '.join(cfg.paths)}")
@@ -98,9 +104,13 @@ def prompt_ids(cfg: DataConfig, tokenizer) -> list[list[int]]:
     ids = []
     for prompt_set in cfg.self_prompt_sets:
         if prompt_set in ("stdlib", "files"):
-            ids += _corpus_prompts(cfg, prompt_set, tokenizer)
+            got = _corpus_prompts(cfg, prompt_set, tokenizer)
         else:
-            ids += [tokenizer(p, add_special_tokens=False)["input_ids"] for p in _text_prompts(cfg, prompt_set)]
+            got = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in _text_prompts(cfg, prompt_set)]
+        if len(got) < _share(cfg, prompt_set):
+            ui.console.print(f"warning: self-distillation prompt set {prompt_set!r} holds {len(got)} prompts, "
+                             f"fewer than its share of data.self_samples ({_share(cfg, prompt_set)})", markup=False)
+        ids += got
     return ids
 
 

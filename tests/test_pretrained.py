@@ -473,8 +473,8 @@ def test_cli_train_init_from_uses_the_checkpoint(checkpoints, tmp_path, capsys, 
 
 def test_self_prompt_sets_mix_in_order_with_an_even_share(checkpoints):
     """data.self_prompts = "stdlib-functions+gsm8k": 5 samples give the first set 3 and the second 2;
-    the function prompts are standard-library functions cut after their docstring (each parses once a
-    body is added), the GSM8K ones are training questions in lm-eval's format, never test questions."""
+    the function prompts are standard-library functions cut after their docstring (each parses as a function
+    whose body so far is its docstring), the GSM8K ones training questions in lm-eval's format, never test ones."""
     import ast
 
     from mtp_cli import paths, selfdistill
@@ -488,15 +488,16 @@ def test_self_prompt_sets_mix_in_order_with_an_even_share(checkpoints):
     cfg.validate()
     texts = [tok.decode(ids) for ids in selfdistill.prompt_ids(cfg, tok)]
     assert len(texts) == 5
-    for text in texts[:3]:
-        function = ast.parse(text + "    pass\n").body[0]
-        assert isinstance(function, ast.FunctionDef) and ast.get_docstring(function)
-        assert text.rstrip().endswith(('"""', "'''"))
+    every = selfdistill.function_prompts()
+    assert texts[:3] == [every[0], every[len(every) // 3], every[2 * len(every) // 3]]
+    for text in every:  # each a function whose body so far is its docstring, ending there
+        (function,) = ast.parse(text).body
+        assert isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and len(function.body) == 1
+        assert ast.get_docstring(function) and function.body[0].end_lineno == text.count("\n")
     train = json.loads((Path(gsm8k) / "train.jsonl").read_text().splitlines()[0])["question"]
     assert texts[3] == gsm8k_format.prompt(train)
     test_prompts = set(load_prompts("gsm8k", gsm8k_data=gsm8k))
     assert not test_prompts & set(texts[3:])
-    every = selfdistill.function_prompts()
     assert len(every) > 1000 and all(len(p) <= selfdistill.MAX_FUNCTION_PROMPT_CHARS for p in every)
     swapped = DataConfig(source="self", self_prompts="gsm8k+stdlib-functions", paths=[gsm8k], self_samples=5)
     swapped_texts = [tok.decode(ids) for ids in selfdistill.prompt_ids(swapped, tok)]

@@ -65,7 +65,8 @@ def inference_section(r: ResultSet) -> Section:
                  "only — high acceptance on such text says little about real text",
                  "speedup = MTP speculative tokens/s ÷ our plain greedy tokens/s on the same prompts, end to end; "
                  "ideal = MAL · T_step / (T_verify + T_draft) from the forward parts timed side by side (the cost "
-                 "table below): the gap is the decoding loops' own time, greedy's and ours",
+                 "table below; T_draft from the decoding loop where drafting is a call of its own: sampling, "
+                 "batches): the gap is the decoding loops' own time, greedy's and ours",
                  "lossless: the speculative output equals plain greedy on every prompt",
                  "acceptance per draft position i counts i only when every earlier position was accepted (vLLM)",
                  seeds_note, *sorted(notes)]
