@@ -94,7 +94,7 @@ def summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], cond
         if name == condition.baseline:
             e["t_step_s"] = median_ci([t.timer.mean("step") for t in runs])[0]
         if name == "mtp":
-            e.update(_spec_entry(runs, base))
+            e.update(_spec_entry(runs))
             e.update(_acceptance_by_unit(runs[0].per_batch, bs))
         results[name] = e
     return results
@@ -108,12 +108,12 @@ def _acceptance_by_unit(per_batch: list[SpecStats], bs: int) -> dict:
     return {ci_key("acceptance_rate"): ci, ("per_prompt" if bs == 1 else "per_batch"): units}
 
 
-def _spec_entry(runs: list[Tally], base: list[Tally]) -> dict:
+def _spec_entry(runs: list[Tally]) -> dict:
     stats = runs[0].stats
     e = stats.to_dict()
     parts = {"t_verify_s": [], "t_draft_s": [], "t_verify_draft_s": [], "t_other_s": []}
     fused = runs[0].timer.count["verify_draft"] > 0  # one row, greedy: verify and draft are one call
-    for t, b in zip(runs, base):
+    for t in runs:
         if fused:
             verify, draft = t.timer.mean("verify_draft"), 0.0
         else:
