@@ -275,6 +275,13 @@ def specbench(
         None, help="Comma-separated candidate draft lengths, e.g. 1,2,3,4: the fastest on 8 prompts that are not timed "
         "is then timed (every candidate's figures go to the JSON).",
     ),
+    draft_width: int = typer.Option(
+        1, help="With one draft per step, at batch size 1, greedy: verify the module's top W candidates for the next "
+        "token in one forward (a token tree) instead of its top one.",
+    ),
+    draft_widths: str | None = typer.Option(
+        None, help="Comma-separated candidate widths, e.g. 1,2,3,4: chosen like --draft-lens, after it.",
+    ),
     draft_vocab: int | None = typer.Option(
         None,
         help="The MTP modules draft from this many of the most frequent "
@@ -302,7 +309,9 @@ def specbench(
     cfg = SpecbenchConfig(prompts=prompts, temperatures=_float_list(temperatures, "--temperatures"), primary=primary,
                           limit=limit, max_new_tokens=max_new_tokens, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
                           repeats=repeats, draft_len=draft_len, draft_vocab=draft_vocab, peers=peers,
-                          draft_lens=_int_list(draft_lens, "--draft-lens") if draft_lens else None)
+                          draft_lens=_int_list(draft_lens, "--draft-lens") if draft_lens else None,
+                          draft_width=draft_width,
+                          draft_widths=_int_list(draft_widths, "--draft-widths") if draft_widths else None)
     # --gsm8k-data is resolved where the prompts are read (mtp_cli/data/prompts.py)
     report = run_specbench(run, cfg, Runtime(device=device, threads=threads, compile=compile), draft_run=draft,
                            gsm8k_data=gsm8k_data, json_path=json_path)

@@ -325,6 +325,8 @@ class SpecbenchConfig:
     repeats: int = 5
     draft_len: int | None = None  # None: the run's own number of modules/heads
     draft_lens: list[int] | None = None  # or the fastest of these, chosen on untimed prompts (bench/draft_select.py)
+    draft_width: int = 1  # k = 1, one row, greedy: verify the module's top w candidates for the next token
+    draft_widths: list[int] | None = None  # or the fastest of these at k = 1, chosen as draft_lens
     draft_vocab: int | None = None  # the modules draft from this many most frequent training tokens
     # (None: the run's mtp.draft_vocab, else V/4; 0: all)
     peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
@@ -350,6 +352,21 @@ class SpecbenchConfig:
             if not self.limit:
                 raise UserError("specbench.draft_lens chooses k on prompts beyond the timed ones: "
                                 "it needs specbench.limit (--limit) > 0")
+        if isinstance(self.draft_width, bool) or not isinstance(self.draft_width, int) or self.draft_width < 1:
+            raise UserError(f"specbench.draft_width (--draft-width) must be an integer >= 1, got {self.draft_width!r}")
+        if self.draft_widths is not None:
+            if self.draft_width != 1:
+                raise UserError("set specbench.draft_width or specbench.draft_widths (--draft-width or --draft-widths), "
+                                "not both")
+            if not self.draft_widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1
+                                            for w in self.draft_widths):
+                raise UserError(f"specbench.draft_widths (--draft-widths) must be integers >= 1, got {self.draft_widths}")
+            if not self.limit:
+                raise UserError("specbench.draft_widths chooses the width on prompts beyond the timed ones: "
+                                "it needs specbench.limit (--limit) > 0")
+        if (self.draft_width > 1 or self.draft_widths) and (self.draft_len or 1) > 1:
+            raise UserError("specbench.draft_width(s) > 1 verifies candidates for one draft: it needs "
+                            "specbench.draft_len 1 (--draft-len 1)")
         if self.draft_vocab is not None and self.draft_vocab < 0:
             raise UserError(f"specbench.draft_vocab (--draft-vocab) must be >= 0 (0: the whole vocabulary), "
                             f"got {self.draft_vocab}")

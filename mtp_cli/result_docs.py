@@ -73,6 +73,8 @@ class SpecbenchDoc:
     conditions: list[dict[str, Any]] = field(default_factory=list)
     draft_vocab: dict[str, Any] | None = None
     draft_len_selection: dict[str, Any] | None = None  # specbench.draft_lens: every candidate k, timed apart
+    draft_width: int | None = None  # candidates verified per step where one row decodes greedily (1: a chain)
+    draft_width_selection: dict[str, Any] | None = None  # specbench.draft_widths: every candidate width
     weight_floor: dict[str, Any] | None = None  # a step's weight bytes over the read bandwidth measured in the run
     prompts_interval: str | None = None  # what each method's speedup_prompts_ci95 is (older files have none)
     schema: int = SPEC_SCHEMA

@@ -112,6 +112,29 @@ def test_draft_length_is_chosen_on_prompts_it_does_not_time(tiny_runs, tmp_path)
             SpecbenchConfig(**bad).validate()
 
 
+def test_tree_width_is_chosen_on_untimed_prompts_and_timed_where_the_fused_loop_runs(tiny_runs, tmp_path):
+    """`draft_widths` at k = 1: every width timed on the tuning prompts, the chosen one recorded and run by
+    the MTP row at batch size 1 greedy (lossless); skipped, with its reason, when draft_lens chose k > 1."""
+    cfg = SpecbenchConfig(limit=3, max_new_tokens=8, repeats=1, draft_len=1, draft_widths=[1, 3], peers="primary")
+    report = run_specbench(tiny_runs["sequential"], cfg, json_path=tmp_path / "s.json", show_progress=False)
+    sel = report["draft_width_selection"]
+    assert sel["candidates"] == [1, 3] and set(sel["by_width"]) == {"1", "3"} and sel["temperature"] == 0
+    assert report["draft_width"] == sel["chosen"] and report["draft_len"] == 1
+    mtp = only(report)["results"]["1"]["mtp"]
+    assert mtp["lossless"] and mtp["draft_width"] == sel["chosen"] and mtp["t_forward_verify_draft_s"] > 0
+    skipped = run_specbench(tiny_runs["sequential"], SpecbenchConfig(limit=3, max_new_tokens=8, repeats=1,
+                                                                     draft_lens=[2], draft_widths=[1, 2],
+                                                                     peers="primary"),
+                            json_path=tmp_path / "t.json", show_progress=False)
+    assert skipped["draft_width_selection"]["chosen"] == 1 and "k = 2" in skipped["draft_width_selection"]["skipped"]
+    assert only(skipped)["results"]["1"]["mtp"]["draft_width"] == 1
+    for bad, needle in ((dict(draft_width=0), "integer >= 1"), (dict(draft_width=2, draft_widths=[2]), "not both"),
+                        (dict(draft_widths=[2], limit=0), "limit"), (dict(draft_width=2, draft_len=3), "draft_len 1"),
+                        (dict(draft_widths=[0]), "integers >= 1")):
+        with pytest.raises(UserError, match=needle):
+            SpecbenchConfig(**bad).validate()
+
+
 def test_a_longer_draft_is_chosen_only_where_it_is_faster_beyond_the_noise():
     """8 prompts, one pass each: k = 2 4% faster on average but within the prompt-to-prompt noise stays
     k = 1; k = 3 faster on every prompt replaces it; the comparison is with the current choice."""

@@ -406,3 +406,83 @@ def _noised(model, trunk: bool = False, scale: float = 3.0):
             if p.numel() > 1:
                 p.add_(torch.randn(p.shape, generator=gen) * p.std() * scale)
     return model
+
+
+@pytest.mark.parametrize("objective,width,vocab", [("sequential", 2, False), ("sequential", 4, True),
+                                                   ("parallel", 3, False)])
+def test_tree_of_candidates_is_lossless(runs, objective, width, vocab):
+    """One row, greedy, the module's top `width` candidates verified as a tree each step: generate's output
+    on every prompt, and at least the acceptance of the chain (top 1) on the same text overall."""
+    run = runs[objective]
+    draft_vocab = _small_vocab(run) if vocab else None
+    model = _noised(run.model, trunk=True)  # the tiny runs repeat one token, which any position drafts
+    tree, chain = SpecStats(1), SpecStats(1)
+    for prompt in encode(run):
+        expected = generate(model.trunk, [prompt], 48)
+        assert speculative_generate(model, [prompt], 48, draft_len=1, stats=tree, draft_vocab=draft_vocab,
+                                    draft_width=width) == expected
+        assert speculative_generate(model, [prompt], 48, draft_len=1, stats=chain, draft_vocab=draft_vocab) == expected
+    assert 0 < tree.accepted < tree.steps
+    assert tree.acceptance_rate > chain.acceptance_rate
+
+
+def test_tree_as_wide_as_the_vocabulary_accepts_every_step(runs):
+    """With every token a candidate the trunk's token is always among them: every step accepts one."""
+    run = runs["sequential"]
+    model = _noised(run.model, scale=3.0)
+    stats = SpecStats(1)
+    prompt = encode(run)[0]
+    out = speculative_generate(model, [prompt], 40, draft_len=1, stats=stats, draft_width=model.cfg.vocab_size)
+    assert out == generate(model.trunk, [prompt], 40)
+    assert stats.accepted == stats.steps == 20
+
+
+@pytest.mark.parametrize("objective", ["sequential", "parallel"])
+def test_tree_step_keeps_the_cache_of_the_committed_sequence(runs, objective):
+    """Step by step, with the trunk's token placed at each candidate column in turn (and at none): the
+    tree step accepts exactly when it is there, the trunk's cache then holds what a prefill of the committed
+    sequence writes, and the next candidates are the top `width` a fresh drafter proposes on that sequence."""
+    from mtp_cli.decode.speculative import fused_lead, fused_verify_and_draft
+
+    width = 3
+    model = _noised(runs[objective].model, trunk=True)
+    engine = engine_for(model.trunk, model)
+    prompt = encode(runs[objective])[1]
+    ref = generate(model.trunk, [prompt], 40)[0]
+
+    def fresh(committed):
+        cache, logits, hidden, shared = prefill(engine, [committed], 80)
+        drafter = make_drafter(model, 1, 1, 80 + 4, width=width)
+        seq = torch.zeros(1, 80 + width + 2, dtype=torch.long)
+        seq[0, : len(committed) + 1] = torch.tensor(committed + [int(logits.argmax(-1))])
+        drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)
+        first, _ = drafter.propose(seq, cache.lengths.clone(), 0.0, 1.0, None)
+        top = drafter.first_logits.topk(width, -1).indices
+        return cache, drafter, seq, top
+
+    cache, drafter, seq, _ = fresh(prompt)
+    assert fused_lead(drafter) == 2
+    committed, accepted = list(prompt), 0
+    with torch.no_grad():
+        for i in range(12):
+            done = len(committed) - len(prompt)
+            pending, true_next = ref[done], ref[done + 1]
+            candidates = [(true_next + 1 + j) % model.cfg.vocab_size for j in range(width)]
+            if i % (width + 1):
+                candidates[i % (width + 1) - 1] = true_next
+            tokens = torch.tensor([[pending, *candidates]])
+            out = fused_verify_and_draft(drafter, tokens, cache)[0].tolist()
+            n, target, nxt, nxt_candidates = out[0], out[1], out[2], out[3:]
+            assert (n, target) == (int(true_next in candidates), true_next)
+            cache.advance(n + 1)
+            committed += [pending] + ([true_next] if n else [])
+            accepted += n
+            assert nxt == ref[len(committed) - len(prompt)]
+            ref_cache, _, _, top = fresh(committed)
+            length = int(cache.lengths[0])
+            assert length == len(committed)
+            for got, want in [(cache.k, ref_cache.k), (cache.v, ref_cache.v)]:
+                for g, w in zip(got, want):
+                    torch.testing.assert_close(g[..., :length, :], w[..., :length, :], rtol=1e-4, atol=1e-4)
+            assert nxt_candidates == top[0].tolist()
+    assert 0 < accepted < 12

@@ -14,31 +14,36 @@ VERIFY_WIDTHS_UP_TO = 4  # t_verify is measured for k = 1..max(4, the draft leng
 
 
 def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | None, compile: bool,
-                       baseline: str = "greedy", draft_vocab: torch.Tensor | None = None) -> None:
+                       baseline: str = "greedy", draft_vocab: torch.Tensor | None = None, width: int = 1) -> None:
     """Beside the end-to-end phase means: the one-time compile cost of our decoders (`compile_s`, in
     their warm-up), and the trunk forward at fixed widths on these prompts (`t_forward_by_width_s`:
     width 1 is the plain step, width k+1 verifies k drafts; `t_verify_by_k_s` and its ratio to the
     step for k = 1..max(4, k)); one row, greedy, also the fused verify-and-draft call
     (`t_forward_verify_draft_s`) and the draft's share of it, beyond verifying (`t_draft_s`). From
-    these parts, timed side by side, the ideal speed-up: MAL · T_step / (T_verify(k) + T_draft)."""
+    these parts, timed side by side, the ideal speed-up: MAL · T_step / (T_verify(k) + T_draft). A tree of
+    `width` candidates (where the loop ran one: `draft_width` in the results) verifies `width` tokens."""
     greedy_engine = engine_for(model.trunk, compile=compile)
     results[baseline]["compile_s"] = greedy_engine.compile_s
     if "mtp" not in results:
         return
     engine = engine_for(model.trunk, model, compile=compile)
     results["mtp"]["compile_s"] = engine.compile_s
-    ks = range(1, max(VERIFY_WIDTHS_UP_TO, k) + 1)
+    width = results["mtp"].get("draft_width", 1)
+    verified = max(k, width)  # tokens verified after the pending one: the drafts, or a tree's candidates
+    ks = range(1, max(VERIFY_WIDTHS_UP_TO, verified) + 1)
     fused = None
     if results["mtp"].get("fused"):  # one row, greedy: the verify-and-draft call the loop ran, timed alike
-        fused = lambda capacity: make_drafter(model, k, 1, capacity + 2 * k + 2, compile, draft_vocab)  # noqa: E731
+        fused = lambda capacity: make_drafter(model, k, 1, capacity + 2 * verified + 2, compile, draft_vocab,  # noqa: E731
+                                              width)
     costs = forward_costs(engine, prompts, [1, *(j + 1 for j in ks)], fused=fused)
     results["mtp"]["t_forward_step_s"] = costs[1]
-    if fused is not None:  # the draft's share of the fused call: beyond verifying at width k+1
+    if fused is not None:  # the draft's share of the fused call: beyond verifying at its width
         results["mtp"]["t_forward_verify_draft_s"] = costs["fused"]
-        results["mtp"]["t_draft_s"] = costs["fused"] - costs[k + 1]
+        results["mtp"]["t_draft_s"] = costs["fused"] - costs[verified + 1]
     results["mtp"]["t_verify_by_k_s"] = {str(j): costs[j + 1] for j in ks}
     results["mtp"]["verify_over_step_by_k"] = {str(j): costs[j + 1] / costs[1] for j in ks}
-    _add_ideal(results["mtp"], costs[1], costs["fused"] if fused is not None else costs[k + 1] + results["mtp"]["t_draft_s"])
+    _add_ideal(results["mtp"], costs[1],
+               costs["fused"] if fused is not None else costs[verified + 1] + results["mtp"]["t_draft_s"])
 
 
 def _add_ideal(mtp: dict, step_s: float, verify_draft_s: float) -> None:

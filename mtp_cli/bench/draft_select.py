@@ -10,7 +10,9 @@ between two runs 4% apart), so a longer draft replaces a shorter one only where 
 that noise: the shortest k is the first choice, and each longer k in turn replaces the current choice
 when the 95% paired bootstrap interval over the prompts of its speed over the choice's lies above 1.
 The chosen k is then timed on the measured prompts in every condition, and every candidate's figures
-are recorded in specbench.json's `draft_len_selection`.
+are recorded in specbench.json's `draft_len_selection`. At k = 1 the tree width (how many of the module's
+top candidates for the next token one step verifies) is chosen the same way, after k, on the same prompts
+(`draft_width_selection`).
 """
 
 from __future__ import annotations
@@ -32,25 +34,42 @@ def tuning_prompts(all_ids: list[list[int]], measured: list[list[int]], n: int =
 def choose_draft_len(model, lens: list[int], prompts: list[list[int]], source: str, temperature: float,
                      max_new_tokens: int, eos: int, compile: bool, vocab, device: str, tick=lambda name: None) -> dict:
     """Time every candidate k on `prompts`; the record with the fastest as `chosen`."""
+    return _choose(model, {k: (k, 1) for k in lens}, "by_k", "k", prompts, source, temperature, max_new_tokens, eos,
+                   compile, vocab, device, tick)
+
+
+def choose_draft_width(model, widths: list[int], prompts: list[list[int]], source: str, max_new_tokens: int,
+                       eos: int, compile: bool, vocab, device: str, tick=lambda name: None) -> dict:
+    """As `choose_draft_len`, over tree widths at k = 1 (the module's top w candidates for the next token,
+    verified together: `speculative.FusedGreedyStep._tree`), greedy; width 1 is the chain."""
+    return _choose(model, {w: (1, w) for w in widths}, "by_width", "width", prompts, source, 0.0, max_new_tokens,
+                   eos, compile, vocab, device, tick)
+
+
+def _choose(model, shapes: dict[int, tuple[int, int]], table: str, what: str, prompts, source, temperature,
+            max_new_tokens, eos, compile, vocab, device, tick) -> dict:
+    """Time our plain decoder and MTP at every candidate (k, width) = shapes[c] on `prompts`, one pass after a
+    warm-up, and pick a candidate with `pick_draft_len`'s rule (candidates in increasing order)."""
     runners = {"plain": ours_plain(model, max_new_tokens, eos, compile, temperature)}
-    runners |= {f"k{k}": ours_mtp(model, max_new_tokens, eos, k, compile, temperature, vocab) for k in lens}
+    runners |= {f"c{c}": ours_mtp(model, max_new_tokens, eos, k, compile, temperature, vocab, width)
+                for c, (k, width) in shapes.items()}
     tallies = measure(runners, prompts, 1, 1, device, tick)
     base = tallies["plain"][0]
-    by_k = {}
-    for k in lens:
-        t = tallies[f"k{k}"][0]
-        by_k[str(k)] = {"tokens_per_s": t.tokens_per_s, "speedup": t.tokens_per_s / base.tokens_per_s,
-                        "acceptance_rate": t.stats.acceptance_rate,
-                        "mean_acceptance_length": t.stats.mean_acceptance_length,
-                        "acceptance_at": [a / t.stats.steps if t.stats.steps else None for a in t.stats.accepted_at]}
-    chosen, over = pick_draft_len(lens, {k: tallies[f"k{k}"][0] for k in lens})
-    for k, ci in over.items():
-        by_k[str(k)]["over_shorter_ci95"] = ci
-    return {"chosen": chosen, "candidates": list(lens), "source": source, "temperature": temperature,
-            "prompts": len(prompts), "plain_tokens_per_s": base.tokens_per_s, "by_k": by_k,
+    by = {}
+    for c in shapes:
+        t = tallies[f"c{c}"][0]
+        by[str(c)] = {"tokens_per_s": t.tokens_per_s, "speedup": t.tokens_per_s / base.tokens_per_s,
+                      "acceptance_rate": t.stats.acceptance_rate,
+                      "mean_acceptance_length": t.stats.mean_acceptance_length,
+                      "acceptance_at": [a / t.stats.steps if t.stats.steps else None for a in t.stats.accepted_at]}
+    chosen, over = pick_draft_len(list(shapes), {c: tallies[f"c{c}"][0] for c in shapes})
+    for c, ci in over.items():
+        by[str(c)]["over_shorter_ci95"] = ci
+    return {"chosen": chosen, "candidates": list(shapes), "source": source, "temperature": temperature,
+            "prompts": len(prompts), "plain_tokens_per_s": base.tokens_per_s, table: by,
             "rule": (f"over {len(prompts)} {source} prompts that are not among the timed ones, one pass after a "
-                     "warm-up, at batch size 1: the shortest k, replaced by each longer k in turn whose tokens/s "
-                     "over the current choice's has a 95% paired bootstrap interval above 1")}
+                     f"warm-up, at batch size 1: the smallest {what}, replaced by each larger {what} in turn whose "
+                     "tokens/s over the current choice's has a 95% paired bootstrap interval above 1")}
 
 
 def pick_draft_len(lens: list[int], runs: dict[int, Tally]) -> tuple[int, dict[int, list[float | None]]]:

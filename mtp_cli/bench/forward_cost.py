@@ -9,14 +9,15 @@ import time
 import torch
 
 from mtp_cli.decode.generate import cache_capacity, prefill
-from mtp_cli.decode.speculative import fused_input, fused_verify_and_draft
+from mtp_cli.decode.speculative import fused_input, fused_lead, fused_verify_and_draft
 
 
 def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fused=None) -> dict:
     """Median seconds of one trunk forward plus unembedding at each width (1: the plain step; k+1:
     verifying k drafts), on the cache of these prompts, rolled back after every call so each width
     sees the same context; with `fused` (a function of the cache capacity returning a one-row drafter
-    `FusedGreedyStep` serves), also its fused verify-and-draft call at width k+1, under the key "fused".
+    `FusedGreedyStep` serves), also its fused verify-and-draft call (width k+1, or 1 + a tree's width), under
+    the key "fused".
     Each round times every width in turn, `block` calls after one untimed call: the widths share a
     slow spell on a shared machine, and each is timed warm, as a decoding loop runs it (a compiled
     engine's graphs each hold their own frozen weights, so calls that alternate widths would read two
@@ -39,7 +40,8 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
         drafter = fused(cache.capacity) if fused is not None else None
         inputs = {width: logits.argmax(-1)[:, None].expand(-1, width).contiguous() for width in widths}
         if drafter is not None:
-            inputs["fused"] = fused_input(logits.argmax(-1)[:, None].expand(-1, drafter.k + 1))
+            width = 1 + max(drafter.k, drafter.width)
+            inputs["fused"] = fused_input(logits.argmax(-1)[:, None].expand(-1, width), fused_lead(drafter))
         for i in range(rounds + 1):
             for part in parts:
                 call(part)

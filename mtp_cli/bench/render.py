@@ -27,6 +27,13 @@ def render_table(report: dict):
     if sel:
         tried = ", ".join(f"k={k} {v['speedup']:.2f}x (MAL {v['mean_acceptance_length']:.2f})" for k, v in sel["by_k"].items())
         notes.append(f"draft length {sel['chosen']} chosen on {sel['prompts']} untimed {sel['source']} prompts: {tried}")
+    sel = report.get("draft_width_selection")
+    if sel and "by_width" in sel:
+        tried = ", ".join(f"width {w} {v['speedup']:.2f}x (MAL {v['mean_acceptance_length']:.2f})"
+                          for w, v in sel["by_width"].items())
+        notes.append(f"tree width {sel['chosen']} chosen on {sel['prompts']} untimed {sel['source']} prompts: {tried}")
+    elif (report.get("draft_width") or 1) > 1:
+        notes.append(f"one row, greedy: the module's top {report['draft_width']} candidates verified each step")
     if "draft_bytes" in params:
         notes.append(f"draft model ({params['draft_run']}): {params['draft_bytes'] / 1e6:.2f} MB")
     tables = [_condition_table(report, c) for c in report["conditions"]]

@@ -33,7 +33,7 @@ import torch
 
 from mtp_cli import env, outputs, ui
 from mtp_cli.bench.costs import add_forward_costs
-from mtp_cli.bench.draft_select import choose_draft_len, tuning_prompts
+from mtp_cli.bench.draft_select import choose_draft_len, choose_draft_width, tuning_prompts
 from mtp_cli.bench.forward_cost import weight_floor
 from mtp_cli.bench.measure import measure, summarise
 from mtp_cli.bench.runners import applicable, hf_model, methods_for, weight_bytes
@@ -123,14 +123,37 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                                          run.tokenizer.eos_token_id, compile, vocab, device,
                                          lambda m: bar.update(task, advance=1, info=m))
         k = selection["chosen"]
+    width, width_selection = cfg.draft_width, None
+    if cfg.draft_widths and k and k != 1:
+        if not lens:
+            raise UserError(f"specbench.draft_widths: tree widths need one draft per step, but k = {k}; "
+                            "use --draft-len 1")
+        width_selection = {"chosen": 1, "skipped": f"k = {k} was chosen: a tree verifies candidates for one draft"}
+    elif cfg.draft_widths and k:
+        head = next(c for c in conditions if c.name == primary)
+        tuning = tuning_prompts(_prompt_ids(run, head.source, None, max_new_tokens, gsm8k_data)[0],
+                                prompt_sets[head.source][0])
+        if not tuning:
+            raise UserError(f"specbench.draft_widths: every {head.source} prompt is timed, none is left to choose "
+                            "the width on; lower specbench.limit")
+        with ui.progress(transient=True, disable=not show_progress) as bar:
+            task = bar.add_task("choosing the tree width", total=2 * (len(cfg.draft_widths) + 1), info="")
+            width_selection = choose_draft_width(model, sorted(set(cfg.draft_widths)), tuning, head.source,
+                                                 max_new_tokens, run.tokenizer.eos_token_id, compile, vocab, device,
+                                                 lambda m: bar.update(task, advance=1, info=m))
+        width = width_selection["chosen"]
+    elif width > 1 and k and k != 1:
+        raise UserError(f"specbench.draft_width {width} verifies candidates for one draft, but k = {k}; "
+                        "use --draft-len 1")
     hf = hf_model(run)
     hf_draft = hf_model(draft) if draft is not None else None
     plans = [(c, *methods_for(c, run, hf, hf_draft, max_new_tokens, k, compile, cfg.peers == "all" or c.name == primary,
-                           vocab)) for c in conditions]
+                           vocab, width)) for c in conditions]
 
     report = header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
     report["draft_vocab"] = vocab_info
     report["draft_len_selection"], report["weight_floor"] = selection, floor
+    report["draft_width"], report["draft_width_selection"] = (width if k else None), width_selection
     report["environment"]["compile"] = compile
     n_tasks = sum(len(applicable(runners, bs)) * (repeats + 1) for _, runners, _ in plans for bs in batch_sizes)
     with ui.progress(transient=True, disable=not show_progress) as bar:
@@ -147,6 +170,9 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                 entry["results"][str(bs)] = summarise(tallies, model, ids, condition, run.tokenizer, bs)
                 base = entry["results"][str(bs)][condition.baseline]
                 base["step_over_floor"] = base["t_step_s"] / floor["floor_s"]
+                if "mtp" in entry["results"][str(bs)]:  # the tree runs where the fused loop does
+                    mtp = entry["results"][str(bs)]["mtp"]
+                    mtp["draft_width"] = width if mtp["fused"] else 1
                 add_forward_costs(entry["results"][str(bs)], model, ids[:bs], k, compile, condition.baseline, vocab)
                 entry["summary"][str(bs)] = headline(entry["results"][str(bs)], condition.baseline)
                 if bs == batch_sizes[0]:  # the reference text: our plain decoder, smallest batch size

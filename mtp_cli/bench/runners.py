@@ -56,12 +56,14 @@ def applicable(runners: dict, bs: int) -> dict:
 
 
 def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
-             compile: bool, with_peers: bool = True, vocab: torch.Tensor | None = None) -> tuple[dict, dict]:
-    """The methods measured in one condition, and {method: why not} for the peers left out."""
+             compile: bool, with_peers: bool = True, vocab: torch.Tensor | None = None,
+             width: int = 1) -> tuple[dict, dict]:
+    """The methods measured in one condition, and {method: why not} for the peers left out. `width`: MTP's
+    tree width where it applies (one row, greedy; `speculative_generate`)."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
     runners = {condition.baseline: ours_plain(model, max_new_tokens, eos, compile, t)}
     if k:
-        runners["mtp"] = ours_mtp(model, max_new_tokens, eos, k, compile, t, vocab)
+        runners["mtp"] = ours_mtp(model, max_new_tokens, eos, k, compile, t, vocab, width)
     peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     if hf_draft is not None:
         peers["hf_assisted"] = {"assistant_model": hf_draft}
@@ -89,13 +91,14 @@ def ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature:
 
 
 def ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0,
-             vocab: torch.Tensor | None = None) -> Runner:
+             vocab: torch.Tensor | None = None, width: int = 1) -> Runner:
     def run(batch, tally):
         tally.stats, stats = tally.stats or SpecStats(k), SpecStats(k)
         before = tally.timer.total["prefill"]
         gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
         out = speculative_generate(model, batch, max_new_tokens, draft_len=k, temperature=temperature, eos_id=eos,
-                                   generator=gen, stats=stats, timer=tally.timer, compile=compile, draft_vocab=vocab)
+                                   generator=gen, stats=stats, timer=tally.timer, compile=compile, draft_vocab=vocab,
+                                   draft_width=width)
         tally.stats.merge(stats)
         tally.per_batch.append(stats)
         return out, tally.timer.total["prefill"] - before

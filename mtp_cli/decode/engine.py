@@ -17,8 +17,9 @@ one-row window, else an additive mask built once per forward.
 Compiled (`compile=True`), four forms:
 - one row on CPU (`step`): the trunk and its unembedding in one graph whose position is a symbol, so
   it attends only to the keys written and never recompiles as the sequence grows or rolls back;
-- one row, greedy, speculative (`fused_step`): verification, acceptance and the MTP modules' next draft
-  in one graph of the same kind (`speculative.FusedGreedyStep`);
+- one row, greedy, speculative (`fused_step`): verification (of a chain of drafts, or of a tree of
+  candidates, `tree_plan`), acceptance and the MTP modules' next draft in one graph of the same kind
+  (`speculative.FusedGreedyStep`);
 - several rows on CPU (`step`): one graph whose batch size, width and span of keys read are symbols,
   each row masked to its own positions (fixed-shape graphs that attend over the whole capacity
   measured slower than eager at batch size 4);
@@ -251,6 +252,18 @@ class Engine(torch.nn.Module):
         return Plan(1, width, positions, self.cos[start:start + width].view(width, 1, -1),
                     self.sin[start:start + width].view(width, 1, -1), None, start, start + width, mask, False)
 
+    def tree_plan(self, start: int, width: int, depth: Tensor) -> Plan:
+        """One row: the pending token at `start` and `width` candidates for the position after it, written to
+        slots start+1..start+width but rotated as position start+1 (`depth`: [0, 1, ..., 1]), each attending
+        to the keys up to `start` and to its own (a depth-1 token tree, as in Medusa's and EAGLE's tree
+        attention). From Python ints and tensors only, like `row_plan`."""
+        T = width + 1
+        slots, keys = self.key_index[start:start + T], self.key_index[: start + T]
+        mask = (keys[None, :] <= start) | (keys[None, :] == slots[:, None])
+        cos = self.cos[start:start + 2].index_select(0, depth).view(T, 1, -1)
+        sin = self.sin[start:start + 2].index_select(0, depth).view(T, 1, -1)
+        return Plan(1, T, slots[None], cos, sin, None, start, start + T, mask, False)
+
     # ---- the trunk -------------------------------------------------------------------------------
     def run_trunk(self, tokens: Tensor, plan: Plan, cache: StaticKVCache) -> tuple[Tensor, Tensor]:
         """(hidden before the final norm (B, T, d), the input of the last layer (B, T, d))."""
@@ -267,19 +280,19 @@ class Engine(torch.nn.Module):
         """The fixed-shape forward `torch.compile` traces: the cache is passed in, attended in full."""
         capacity = k_stores[0].shape[2]
         plan = self.plan(positions, capacity, static=True)
-        return self.run_trunk(tokens, plan, _Stores(k_stores, v_stores))
+        return self.run_trunk(tokens, plan, Stores(k_stores, v_stores))
 
     def row_step(self, tokens: Tensor, k_stores: list[Tensor], v_stores: list[Tensor],
                  start: int) -> tuple[Tensor, Tensor, Tensor]:
         """`step` for one row at positions start.. (CPU, compiled: the unembedding inside the graph
         measured a third of a step cheaper than after it)."""
-        hidden, shared = self.run_trunk(tokens, self.row_plan(start, tokens.shape[1]), _Stores(k_stores, v_stores))
+        hidden, shared = self.run_trunk(tokens, self.row_plan(start, tokens.shape[1]), Stores(k_stores, v_stores))
         return self.head(hidden), hidden, shared
 
     def batch_step(self, tokens: Tensor, positions: Tensor, k_stores: list[Tensor], v_stores: list[Tensor],
                    span: int) -> tuple[Tensor, Tensor, Tensor]:
         """`step` for several rows at their own positions (CPU, compiled), reading keys 0..span-1."""
-        hidden, shared = self.run_trunk(tokens, self.batch_plan(positions, span), _Stores(k_stores, v_stores))
+        hidden, shared = self.run_trunk(tokens, self.batch_plan(positions, span), Stores(k_stores, v_stores))
         return self.head(hidden), hidden, shared
 
     def step(self, tokens: Tensor, cache: StaticKVCache) -> tuple[Tensor, Tensor, Tensor]:
@@ -450,7 +463,9 @@ class _BatchStep(torch.nn.Module):
         return self.engine.batch_step(*args)
 
 
-class _Stores:
+class Stores:
+    """Per-layer key and value stores passed into a compiled forward, in a cache's shape (`.k`, `.v`)."""
+
     def __init__(self, k: list[Tensor], v: list[Tensor]):
         self.k, self.v = k, v
 

@@ -26,7 +26,10 @@ Drafters:
   own KV cache, and draft t+2..t+n from the same position.
 All forwards run on the decode engine (`engine.py`): the trunk's verification at fixed width k+1
 (compiled with `compile=True`), the modules eager; one row, greedy, both in one call (`FusedGreedyStep`,
-compiled whole).
+compiled whole). There, with one draft per step, `draft_width` w > 1 verifies the module's top w
+candidates for the next token instead of its top one, as a depth-1 token tree (Medusa's and EAGLE's tree
+attention, one level deep): at most one candidate can equal the trunk's token, so the step accepts 0 or 1
+and the output is still greedy's, while the chance of accepting one grows from top-1 to top-w agreement.
 
 Counters follow vLLM: acceptance rate = accepted / drafted, mean acceptance length (MAL)
 = 1 + accepted / steps (a step is one row's draft-and-verify), per-position acceptance counts
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from mtp_cli.decode.engine import Engine, engine_for
+from mtp_cli.decode.engine import Engine, Stores, engine_for
 from mtp_cli.decode.generate import StopFn, cache_capacity, next_token, prefill, probs_from_logits
 from mtp_cli.decode.timing import NO_TIMER
 from mtp_cli.errors import UserError
@@ -151,8 +154,12 @@ class _ModuleDrafter(Drafter):
     which every module cache holds exact (committed-input) states."""
 
     def __init__(self, engine: Engine, k: int, n_modules: int, batch: int, capacity: int,
-                 vocab: Tensor | None = None):
-        self.engine, self.k = engine, k
+                 vocab: Tensor | None = None, width: int = 1):
+        if width > 1 and k != 1:
+            raise UserError(f"a draft width of {width} (candidates for the next token) needs one draft per step, "
+                            f"got --draft-len {k}")
+        self.engine, self.k, self.width = engine, k, width
+        self.first_logits: Tensor | None = None  # the last `propose`'s logits for its first draft (B, V')
         self.vocab = None if vocab is None else vocab.to(engine.device)  # the draft vocabulary (draft_vocab.py)
         self.vocab_size = engine.unembed.shape[1]
         self.capacity = capacity
@@ -161,11 +168,13 @@ class _ModuleDrafter(Drafter):
         self.exact = torch.zeros(batch, dtype=torch.long, device=engine.device)
         self.steps = torch.arange(capacity, device=engine.device)
         # what makes a `FusedGreedyStep` (and its compiled graph) for this engine
-        self.fused_key = ("fused-greedy", type(self).__name__, k,
+        self.fused_key = ("fused-greedy", type(self).__name__, k, width,
                           None if vocab is None else vocab.cpu().numpy().tobytes())
 
     def _pick(self, logits: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
         """A draft from logits over the draft vocabulary (`_pick`)."""
+        if self.first_logits is None:
+            self.first_logits = logits
         return _pick(logits, temperature, top_p, generator, self.vocab, self.vocab_size)
 
     def _store(self, start: Tensor, states: Tensor) -> None:
@@ -198,9 +207,10 @@ class SequentialDrafter(_ModuleDrafter):
     """DeepSeek-V3 modules: chain depths 1..min(k, D) at the pending token's position, then reuse
     module D one position to the right for drafts beyond D."""
 
-    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int, vocab: Tensor | None = None):
+    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int, vocab: Tensor | None = None,
+                 width: int = 1):
         self.depth = min(k, model.n_extra)
-        super().__init__(engine, k, self.depth, batch, capacity, vocab)
+        super().__init__(engine, k, self.depth, batch, capacity, vocab, width)
         self.post_norm = model.mtp_cfg.mtp_input == "post-norm"
         self.unembeds = [engine.draft_unembed(m.unembed, self.vocab) for m in engine.sequential[: self.depth]]
 
@@ -208,7 +218,7 @@ class SequentialDrafter(_ModuleDrafter):
         self._store(start, hidden)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
-        engine = self.engine
+        engine, self.first_logits = self.engine, None
         rows = torch.arange(len(lengths), device=lengths.device)
         h, last, positions = self._window(lengths)
         one = len(lengths) == 1  # one row: its window has no padding, so its last position is the last
@@ -246,15 +256,16 @@ class ParallelDrafter(_ModuleDrafter):
     """Meta heads 2..k+1 on the shared state (the input of the trunk's last layer, which the engine's
     trunk forward returns beside its output)."""
 
-    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int, vocab: Tensor | None = None):
-        super().__init__(engine, k, k, batch, capacity, vocab)
+    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int, vocab: Tensor | None = None,
+                 width: int = 1):
+        super().__init__(engine, k, k, batch, capacity, vocab, width)
         self.unembed = engine.draft_unembed(engine.unembed, self.vocab)
 
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:  # noqa: B027 (optional hook)
         self._store(start, shared)
 
     def propose(self, seq, lengths, temperature, top_p, generator):
-        rows = torch.arange(len(lengths), device=lengths.device)
+        rows, self.first_logits = torch.arange(len(lengths), device=lengths.device), None
         shared, last, positions = self._window(lengths)
         drafts, probs = [], []
         for j in range(self.k):
@@ -277,17 +288,20 @@ class FusedGreedyStep(torch.nn.Module):
     the trunk's own token at j = n; the columns past n are scratch that no later query reads (masked,
     then overwritten by the next window). Sequential modules draft one token (module 1, k = 1);
     parallel heads any k. Returns out (1, k+2): the number of drafts accepted, the trunk's next token and
-    the next k drafts, read back with one `tolist`; `out[:, 1:]` is the next call's tokens."""
+    the next k drafts, read back with one `tolist`; `out[:, 1:]` is the next call's tokens. A drafter of
+    width w > 1 (k = 1) verifies a tree of candidates instead (`_tree`)."""
 
     def __init__(self, drafter: _ModuleDrafter):
         super().__init__()
-        self.engine, self.k = drafter.engine, drafter.k
+        self.engine, self.k, self.width = drafter.engine, drafter.k, drafter.width
         self.sequential = isinstance(drafter, SequentialDrafter)
         self.post_norm = self.sequential and drafter.post_norm
         # a draft vocabulary's columns of the unembedding are this module's; the full one is the engine's
         draft_unembed = None if drafter.vocab is None else drafter.unembeds[0] if self.sequential else drafter.unembed
         self.register_buffer("draft_unembed", draft_unembed, persistent=False)
         self.register_buffer("vocab", drafter.vocab, persistent=False)
+        self.register_buffer("tree_depth", torch.tensor([0] + [1] * self.width, device=self.engine.device),
+                             persistent=False)
 
     @staticmethod
     def supports(drafter: Drafter) -> bool:
@@ -296,6 +310,8 @@ class FusedGreedyStep(torch.nn.Module):
     def forward(self, tokens: Tensor, k_stores: list[Tensor], v_stores: list[Tensor], module_k: list[Tensor],
                 module_v: list[Tensor], start: int) -> Tensor:
         engine, k = self.engine, self.k
+        if self.width > 1:
+            return self._tree(tokens, k_stores, v_stores, module_k, module_v, start)
         logits, hidden, shared = engine.row_step(tokens, k_stores, v_stores, start)
         drafts = tokens[:, 1:]
         n, nxt = accept(drafts, None, logits)
@@ -316,6 +332,37 @@ class FusedGreedyStep(torch.nn.Module):
             picks.append(pick if self.vocab is None else self.vocab[pick])
         return torch.cat([n[:, None], nxt[:, None], *(p[:, None] for p in picks)], 1)
 
+    def _tree(self, tokens: Tensor, k_stores: list[Tensor], v_stores: list[Tensor], module_k: list[Tensor],
+              module_v: list[Tensor], start: int) -> Tensor:
+        """Width w > 1: tokens (1, 1+w) are the pending token and w candidates for the position after it
+        (the module's top w), verified in one forward as a depth-1 token tree (`Engine.tree_plan`). At most one
+        candidate equals the trunk's token; its keys and values move to the slot after the pending token's, so
+        the cache holds exactly the committed sequence. The module then drafts from the pending token's state
+        and the accepted candidate's. Returns out (1, w+3): the number accepted (0 or 1), the trunk's token at
+        the pending position, its token after the accepted one (= the former when none was), and the next w
+        candidates; `out[:, 2:]` is the next call's tokens."""
+        engine, w = self.engine, self.width
+        hidden, shared = engine.run_trunk(tokens, engine.tree_plan(start, w, self.tree_depth), Stores(k_stores, v_stores))
+        logits = engine.head(hidden)
+        target = logits[:, 0].argmax(-1)  # (1,)
+        match = tokens[:, 1:] == target[:, None]
+        n = match.any(1).long()
+        col = match.int().argmax(1) + 1  # the accepted candidate's column; 1 (a self-copy below) when none was
+        nxt = torch.where(n.bool(), logits.index_select(1, col)[:, 0].argmax(-1), target)
+        for store in (*k_stores, *v_stores):
+            store[:, :, start + 1:start + 2] = store.index_select(2, col + start)
+        states = hidden if self.sequential else shared
+        states = engine.head_norm(states) if self.post_norm else states
+        pair = torch.cat([states[:, :1], states.index_select(1, col)], 1)  # the committed positions' states
+        after = torch.cat([target, nxt])[None] if self.sequential else None  # the token after each
+        out = engine.module_window(0, pair, after, engine.row_plan(start, 2), module_k[0], module_v[0])
+        unembed = self.draft_unembed
+        if unembed is None:
+            unembed = engine.sequential[0].unembed if self.sequential else engine.unembed
+        picks = engine.head(out.index_select(1, n)[:, 0], unembed).topk(w, -1).indices
+        picks = picks if self.vocab is None else self.vocab[picks]
+        return torch.cat([n[:, None], target[:, None], nxt[:, None], picks], 1)
+
 
 def draft_len_for(model, draft_len: int | None = None) -> int:
     """The number of drafts per step: by default one per module/head; checked against the model."""
@@ -331,10 +378,14 @@ def draft_len_for(model, draft_len: int | None = None) -> int:
 
 
 def make_drafter(model, draft_len: int | None, batch: int, capacity: int, compile: bool | None = False,
-                 draft_vocab: Tensor | None = None) -> Drafter:
+                 draft_vocab: Tensor | None = None, width: int = 1) -> Drafter:
+    """The model's own drafter; `width` > 1 (one row, greedy, k = 1, the fused loop only): the top `width`
+    candidates for the next token, verified as a tree (`FusedGreedyStep._tree`)."""
     k = draft_len_for(model, draft_len)
+    if width < 1:
+        raise UserError(f"--draft-width must be >= 1, got {width}")
     cls = ParallelDrafter if model.objective == "parallel" else SequentialDrafter
-    return cls(engine_for(model.trunk, model, compile), model, k, batch, capacity, draft_vocab)
+    return cls(engine_for(model.trunk, model, compile), model, k, batch, capacity, draft_vocab, width)
 
 
 @torch.no_grad()
@@ -343,21 +394,26 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
                          eos_id: int | None = None, generator: torch.Generator | None = None,
                          drafter: Drafter | None = None, stats: SpecStats | None = None, timer=None,
                          compile: bool | None = None, draft_vocab: Tensor | None = None,
-                         fused: bool = True) -> list[list[int]]:
+                         fused: bool = True, draft_width: int = 1) -> list[list[int]]:
     """`generate`'s contract for an `MTPModel` (greedy: its exact output), drafting with the model's
     own modules unless `drafter` is given. `stats` accumulates counters, `timer` times the phases
     prefill / draft0 (the modules' pass over the prompt) / draft / verify. `compile` runs the
     verification forward (fixed width k+1) compiled (None: the device's default). `draft_vocab`: the
     token ids the modules draft from (`draft_vocab.top_tokens`; None: all). One row, greedy, with the
     model's own modules: verification and the next draft run as one call (`FusedGreedyStep`) unless
-    `fused=False`."""
+    `fused=False`; there `draft_width` > 1 verifies the module's top `draft_width` candidates for the next
+    token each step instead of its top one (k = 1; elsewhere the width is 1: sampling and batches
+    draft a chain)."""
     if not prompts:
         return []
     engine, timer = engine_for(model.trunk, model, compile), timer or NO_TIMER
     k = drafter.k if drafter is not None else draft_len_for(model, draft_len)
     stats = stats if stats is not None else SpecStats(k)
-    cache_len = cache_capacity(engine, max(len(p) for p in prompts) + max_new_tokens + k + 2)
-    drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile, draft_vocab)
+    fusable = fused and temperature <= 0 and len(prompts) == 1 and not engine.static
+    width = draft_width if fusable and drafter is None else 1
+    room = max(k, width)  # scratch past the committed tokens: drafts, or tree candidates
+    cache_len = cache_capacity(engine, max(len(p) for p in prompts) + max_new_tokens + room + 2)
+    drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile, draft_vocab, width)
     with timer("prefill"):
         cache, logits, hidden, shared = prefill(engine, prompts, cache_len, pad_id=eos_id or 0)
         tokens = next_token(logits, temperature, top_p, generator)
@@ -369,7 +425,7 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
     seq[rows, lengths] = tokens
     drafter.commit(torch.zeros_like(lengths), lengths, hidden, shared)
     outputs: list[list[int]] = [[] for _ in prompts]
-    if fused and temperature <= 0 and len(prompts) == 1 and not engine.static and FusedGreedyStep.supports(drafter):
+    if fusable and FusedGreedyStep.supports(drafter):
         return _fused_greedy(drafter, cache, seq, outputs, max_new_tokens, eos_id, stop, stats, timer)
     active = list(range(len(prompts)))
     n_new, new = torch.ones_like(lengths), tokens[:, None]
@@ -409,11 +465,27 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         cache.rollback(lengths)
 
 
-def fused_input(tokens: Tensor) -> Tensor:
-    """tokens (1, k+1), the pending token and its drafts, laid out as every later fused call gets them:
-    `out[:, 1:]` of a (1, k+2) tensor like `FusedGreedyStep`'s output. A compiled graph is specialised to
-    its input's strides, so a first call with a contiguous (1, k+1) tensor would build a second graph."""
-    return torch.cat([tokens.new_zeros(1, 1), tokens], 1)[:, 1:]
+def fused_input(tokens: Tensor, lead: int = 1) -> Tensor:
+    """tokens (1, T), the pending token and its drafts, laid out as every later fused call gets them:
+    `out[:, lead:]` of `FusedGreedyStep`'s output (lead 2 for a tree, `fused_lead`). A compiled graph is
+    specialised to its input's strides, so a first call with a contiguous (1, T) tensor would build a
+    second graph."""
+    return torch.cat([tokens.new_zeros(1, lead), tokens], 1)[:, lead:]
+
+
+def fused_lead(drafter: _ModuleDrafter) -> int:
+    """Where the next call's tokens start in a `FusedGreedyStep` output: after the count (and, for a
+    tree, the trunk's token at the pending position)."""
+    return 2 if drafter.width > 1 else 1
+
+
+def first_fused_tokens(drafter: _ModuleDrafter, pending: Tensor, drafts: Tensor) -> Tensor:
+    """The first fused call's tokens (`fused_input`): the pending token (1, 1) and `propose`'s drafts, or
+    for a tree the top `width` candidates of the logits that drafted them."""
+    if drafter.width > 1:
+        drafts = drafter.first_logits.topk(drafter.width, -1).indices
+        drafts = drafts if drafter.vocab is None else drafter.vocab[drafts]
+    return fused_input(torch.cat([pending, drafts], 1), fused_lead(drafter))
 
 
 def fused_verify_and_draft(drafter: _ModuleDrafter, tokens: Tensor, cache) -> Tensor:
@@ -430,19 +502,21 @@ def _fused_greedy(drafter: _ModuleDrafter, cache, seq: Tensor, outputs: list[lis
     and drafts (timed as the phase verify_draft)."""
     with timer("draft0"):
         first, _ = drafter.propose(seq, cache.lengths, 0.0, 1.0, None)
-    c = int(cache.lengths[0])
-    tokens = fused_input(torch.cat([seq[:, c:c + 1], first], 1))  # the pending token and its drafts
+        c = int(cache.lengths[0])
+        tokens = first_fused_tokens(drafter, seq[:, c:c + 1], first)
+    lead = fused_lead(drafter)
     token, *drafts = tokens[0].tolist()  # Python ints from here on
     new = [token]
     while _emit(outputs, [0], [new], [len(new)], max_new_tokens, eos_id, stop):
         with timer("verify_draft"):
             out = fused_verify_and_draft(drafter, tokens, cache)
-            n, token, *next_drafts = out[0].tolist()  # the step's one read back
-            tokens = out[:, 1:]
+            row = out[0].tolist()  # the step's one read back
+            tokens = out[:, lead:]
+        n, token = row[0], row[lead]
         stats.record([n])
-        new = drafts[:n] + [token]
+        new = (row[1:2] if lead == 2 else drafts)[:n] + [token]  # a tree's accepted token is the trunk's own
         cache.advance(n + 1)
-        drafts = next_drafts
+        drafts = row[lead + 1:]
     return outputs
 
 

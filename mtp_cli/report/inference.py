@@ -161,14 +161,15 @@ def parts_table(r: ResultSet, primary: str | None) -> Table | None:
         greedy = by_batch[0][1].get(results.GREEDY_METHOD) or {}
         spec = next(iter(r.seeds(v).values())).spec
         k = int(spec.get("draft_len") or r.first(v, "n_extra") or 1)
+        width = int(mtp.get("draft_width") or 1)  # a tree verifies its width's candidates
         step, draft = mtp.get("t_forward_step_s"), mtp.get("t_draft_s")
-        verify = (mtp.get("t_verify_by_k_s") or {}).get(str(k))
+        verify = (mtp.get("t_verify_by_k_s") or {}).get(str(max(k, width)))
         ok = all(isinstance(x, (int, float)) and x > 0 for x in (step, verify)) and isinstance(draft, (int, float))
         by_k = " / ".join(num(x, 2) for x in (mtp.get("verify_over_step_by_k") or {}).values()) or "–"
         fused = mtp.get("t_forward_verify_draft_s")  # one call verifies and drafts: its own time is the cost
         cost = (fused if fused else verify + max(draft, 0.0)) if ok else None
         draft_share = max(draft, 0.0) / step if ok else None
-        rows.append([v, str(by_batch[0][0]), str(k), num(step * 1e3 if ok else None, 2),
+        rows.append([v, str(by_batch[0][0]), str(k) if width == 1 else f"1, tree of {width}", num(step * 1e3 if ok else None, 2),
                      num(greedy.get("step_over_floor"), 2), by_k, num(verify / step if ok else None, 2),
                      "≈0" if draft_share is not None and draft_share < 0.005 else num(draft_share, 2),
                      num(cost / step if ok else None, 2), num(mtp.get("mean_acceptance_length"), 2)])
@@ -186,7 +187,8 @@ def parts_table(r: ResultSet, primary: str | None) -> Table | None:
         return None
     notes = ["per step: T_step is one plain decoding step (the trunk's forward and unembedding), T_verify(k) the "
              "same over the pending token and k drafts, T_draft the modules' drafting at the draft length k used (one "
-             "row greedy: the fused verify-and-draft call beyond verifying alone; ≈0: within timing noise); "
+             "row greedy: the fused verify-and-draft call beyond verifying alone; ≈0: within timing noise; a tree of "
+             "w candidates verifies w tokens, so T_verify(w)); "
              "break-even MAL = (T_verify + T_draft) / T_step, the fused call's own time where there is one: "
              "drafting pays only above it",
              "T_step ÷ floor: the plain decoding loop's step over the bytes of weights it must read divided by the "
@@ -197,27 +199,28 @@ def parts_table(r: ResultSet, primary: str | None) -> Table | None:
 
 
 def draft_len_table(r: ResultSet) -> Table | None:
-    """Each candidate draft length as timed apart (specbench.draft_lens), and the one chosen."""
+    """Each candidate draft length (specbench.draft_lens) and tree width (draft_widths) as timed apart, and
+    the ones chosen."""
     rows = []
-    for v in r.variants:
-        for seed, run in r.seeds(v).items():
-            sel = run.spec.get("draft_len_selection")
-            if not sel:
-                continue
-            for k, e in sel["by_k"].items():
-                rows.append([v, str(seed), k, num(e.get("speedup"), 2), num(e.get("mean_acceptance_length"), 2),
-                             " / ".join(pct(a) for a in e.get("acceptance_at") or []) or "–",
-                             "yes" if int(k) == sel["chosen"] else ""])
-    if not rows:
-        return None
     rules: dict[str, list[str]] = {}  # each rule as worded, with the runs it chose for
     for v in r.variants:
         for seed, run in r.seeds(v).items():
-            if sel := run.spec.get("draft_len_selection"):
+            for key, table, label in [("draft_len_selection", "by_k", "{}"),
+                                      ("draft_width_selection", "by_width", "1, tree of {}")]:
+                sel = run.spec.get(key)
+                if not sel or table not in sel:  # no selection, or widths skipped (k > 1 chosen)
+                    continue
+                for c, e in sel[table].items():
+                    rows.append([v, str(seed), label.format(c) if c != "1" else "1",
+                                 num(e.get("speedup"), 2), num(e.get("mean_acceptance_length"), 2),
+                                 " / ".join(pct(a) for a in e.get("acceptance_at") or []) or "–",
+                                 "yes" if int(c) == sel["chosen"] else ""])
                 rules.setdefault(f"{sel['rule']} (T={sel['temperature']:g})", []).append(f"{v} s{seed}")
+    if not rows:
+        return None
     notes = [f"rule: {rule}" + (f" ({', '.join(runs)})" if len(rules) > 1 else "") for rule, runs in rules.items()]
-    notes.append("the chosen k is then timed on the measured prompts in every condition above, so its reported "
-                 "speed-up is not the best of several noisy figures")
+    notes.append("the chosen k (and tree width) is then timed on the measured prompts in every condition above, so "
+                 "its reported speed-up is not the best of several noisy figures")
     return Table("Draft length, chosen on prompts the benchmark does not time",
                  ["variant", "seed", "k", "speedup vs our greedy", "MAL", "acceptance per position", "chosen"], rows,
                  notes)
