@@ -6,8 +6,10 @@ SpecForge's regenerated training sets all report it. Each document is a prompt f
 trunk's greedy continuation of it (up to `self_new_tokens`, fewer at end of text). Prompts come from
 `data.self_prompts`: windows of `self_prompt_tokens` tokens cut evenly from a corpus (stdlib, or
 files in data.paths), standard-library functions cut after their docstring (HumanEval's shape, not
-its items), GSM8K training questions (the train split in data.paths, never the test split), or the
-HumanEval prompts (then a HumanEval specbench measures drafting on prompts the modules saw); several
+its items) — both from the corpus's training documents only, so that no held-out figure (loss on the
+validation split, specbench's heldout prompts) is measured on text whose prompts the modules saw —,
+GSM8K training questions (the train split in data.paths, never the test split), or the HumanEval
+prompts (then a HumanEval specbench measures drafting on prompts the modules saw); several
 joined by "+" share the samples evenly. Generation is Hugging Face `generate` on the source checkpoint itself.
 
 The documents are cached under `<cache>/self/<key>.jsonl`, the key hashing the trunk's weights
@@ -29,7 +31,7 @@ import torch
 
 from mtp_cli import ui
 from mtp_cli.config import DataConfig
-from mtp_cli.data import gsm8k_format, sources
+from mtp_cli.data import gsm8k_format, shards, sources
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import load_prompts
 from mtp_cli.errors import UserError
@@ -49,8 +51,8 @@ def _share(cfg: DataConfig, prompt_set: str) -> int:
 
 def _corpus_prompts(cfg: DataConfig, prompt_set: str, tokenizer) -> list[list[int]]:
     corpus_cfg = DataConfig(source=prompt_set, paths=cfg.paths, text_field=cfg.text_field, max_bytes=cfg.max_bytes)
-    ids = [t for e in tokenizer.backend_tokenizer.encode_batch(sources.corpus(corpus_cfg), add_special_tokens=False)
-           for t in e.ids]
+    train_docs = [d for d in sources.corpus(corpus_cfg) if not shards.is_validation(d, cfg.val_fraction)]
+    ids = [t for e in tokenizer.backend_tokenizer.encode_batch(train_docs, add_special_tokens=False) for t in e.ids]
     n_windows = len(ids) // cfg.self_prompt_tokens
     if n_windows < 1:
         raise UserError(f"the prompt corpus has {len(ids)} tokens, fewer than data.self_prompt_tokens")
@@ -60,14 +62,17 @@ def _corpus_prompts(cfg: DataConfig, prompt_set: str, tokenizer) -> list[list[in
 
 
 @functools.cache
-def function_prompts() -> tuple[str, ...]:
+def function_prompts(val_fraction: float) -> tuple[str, ...]:
     """A HumanEval-shaped prompt for each public standard-library function with a docstring and a body:
     its `def` line(s) through the docstring's end, dedented, ending in a newline (the body is the trunk's
-    to write). File by file, each file's functions in `ast.walk` order; very long headers (over
-    MAX_FUNCTION_PROMPT_CHARS), and those whose docstring is indented less than the `def`, are left out."""
+    to write). File by file, training files only (the stdlib corpus's split at `val_fraction`), each
+    file's functions in `ast.walk` order; very long headers (over MAX_FUNCTION_PROMPT_CHARS), and those
+    whose docstring is indented less than the `def`, are left out."""
     prompts = []
     for path in sources.stdlib_files():
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")  # the document as the stdlib corpus reads it
+        if shards.is_validation(text, val_fraction):
+            continue
         try:
             tree = ast.parse(text)
         except SyntaxError:
@@ -87,7 +92,7 @@ def _text_prompts(cfg: DataConfig, prompt_set: str) -> list[str]:
     if prompt_set == "humaneval":
         return load_prompts("humaneval", take)
     if prompt_set == "stdlib-functions":
-        every = function_prompts()
+        every = function_prompts(cfg.val_fraction)
         if not every:
             raise UserError("no standard-library function with a docstring and a body was found for "
                             "data.self_prompts = 'stdlib-functions'")

@@ -488,7 +488,7 @@ def test_self_prompt_sets_mix_in_order_with_an_even_share(checkpoints):
     cfg.validate()
     texts = [tok.decode(ids) for ids in selfdistill.prompt_ids(cfg, tok)]
     assert len(texts) == 5
-    every = selfdistill.function_prompts()
+    every = selfdistill.function_prompts(cfg.val_fraction)
     assert texts[:3] == [every[0], every[len(every) // 3], every[2 * len(every) // 3]]
     for text in every:  # each a function whose body so far is its docstring, ending there
         (function,) = ast.parse(text).body
@@ -502,6 +502,28 @@ def test_self_prompt_sets_mix_in_order_with_an_even_share(checkpoints):
     swapped = DataConfig(source="self", self_prompts="gsm8k+stdlib-functions", paths=[gsm8k], self_samples=5)
     swapped_texts = [tok.decode(ids) for ids in selfdistill.prompt_ids(swapped, tok)]
     assert swapped_texts[:2] == texts[3:] and swapped_texts[3:] == [every[0], every[len(every) // 2]]
+
+
+def test_self_distillation_prompts_come_from_training_documents_only(checkpoints, tmp_path, monkeypatch):
+    """Corpus windows and standard-library function prompts skip the documents the validation split holds:
+    a module must not train on continuations of text its held-out figures are measured on."""
+    from mtp_cli import selfdistill
+    from mtp_cli.config import DataConfig
+    from mtp_cli.data import shards
+
+    tok = toklib.load(checkpoints["llama-gqa-untied"])
+    (tmp_path / "kept.txt").write_text("alpha beta gamma delta " * 40)
+    (tmp_path / "held.txt").write_text("HELD OUT TEXT " * 40)
+    held = lambda doc, fraction: "HELD" in doc or "def dedent(text)" in doc  # noqa: E731
+    monkeypatch.setattr(shards, "is_validation", held)
+    cfg = DataConfig(source="self", self_prompts="files", paths=[str(tmp_path)], self_samples=8, self_prompt_tokens=8)
+    texts = [tok.decode(ids) for ids in selfdistill.prompt_ids(cfg, tok)]
+    assert len(texts) == 8 and all(t.strip() for t in texts)
+    assert not any(c.isupper() for t in texts for c in t)  # no window of the held-out file's (upper-case) text
+    kept = selfdistill.function_prompts.__wrapped__(0.05)
+    assert kept and not any(p.startswith("def dedent(text):") for p in kept)
+    monkeypatch.setattr(shards, "is_validation", lambda doc, fraction: False)
+    assert any(p.startswith("def dedent(text):") for p in selfdistill.function_prompts.__wrapped__(0.05))
 
 
 @pytest.mark.parametrize("prompts, paths_given, message", [

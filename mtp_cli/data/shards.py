@@ -49,7 +49,8 @@ class TokenData:
         return len(self.tokenizer)
 
 
-def _is_val(doc: str, val_fraction: float) -> bool:
+def is_validation(doc: str, val_fraction: float) -> bool:
+    """Whether a document belongs to the validation split: by a hash of its text, the same on every machine."""
     h = int.from_bytes(hashlib.sha256(doc.encode("utf-8", errors="replace")).digest()[:8], "little")
     return (h % 1_000_000) < val_fraction * 1_000_000
 
@@ -96,8 +97,8 @@ def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> 
     if not meta_path.is_file():
         ui.console.print(f"data: tokenizing {len(docs):,} documents into token shards", markup=False)
         shard_dir.mkdir(parents=True, exist_ok=True)
-        train_docs = [d for d in docs if not _is_val(d, cfg.val_fraction)]
-        val_docs = [d for d in docs if _is_val(d, cfg.val_fraction)]
+        train_docs = [d for d in docs if not is_validation(d, cfg.val_fraction)]
+        val_docs = [d for d in docs if is_validation(d, cfg.val_fraction)]
         if not val_docs:  # tiny corpora: hold out the last document
             train_docs, val_docs = docs[:-1] or docs, docs[-1:]
         encode = tok.backend_tokenizer.encode_batch
