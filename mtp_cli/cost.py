@@ -5,7 +5,8 @@ costs what it took there; a partly trained run costs its remaining steps at its 
 Otherwise training is estimated from FLOPs: training FLOPs per token × tokens / (matmul peak measured
 on this machine × an assumed utilisation), or over the FLOP/s that runs in this folder reached. Eval and
 specbench have no FLOP model worth the name (decoding small models is overhead-bound), so without a
-measurement they borrow another variant's time in this folder, or say they are unknown.
+measurement they borrow another variant's time in this folder, or say they are unknown. A self-distilled
+corpus that is not cached yet adds its generation to the first cell that makes it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp_cli import env, results
+from mtp_cli import env, results, selfdistill
 from mtp_cli.config import Recipe
 from mtp_cli.data import shards
 from mtp_cli.model import MTPModel
 from mtp_cli.model.flops import flops_per_token, forward_flops_per_token, trunk_forward_flops_per_token
 
 ASSUMED_MFU = {"cpu": 0.5, "cuda": 0.35}  # fp32 on CPU reaches ~0.55 at the quick scale; bf16 on CUDA varies
+GENERATION_UTILISATION = 0.3  # HF generate, fp32 on the CPU in batches of 64: SmolLM2-135M ran at ~31% of the peak
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Estimator:
             if tokens_per_s and run.run.get("flops_per_token"):
                 self.achieved.append(float(tokens_per_s) * float(run.run["flops_per_token"]))
         self._peak: dict[str, float | None] = {}
+        self._self_texts: set = set()  # self-distilled corpora an earlier cell of this plan makes
 
     def peak(self, recipe: Recipe) -> tuple[float | None, str]:
         device = recipe.train.device
@@ -90,6 +93,33 @@ class Estimator:
         return getattr(self, f"_{stage}")(cell)
 
     def _train(self, cell) -> Estimate:
+        """The training steps left, plus making the self-distilled corpus first where no earlier cell or
+        cache has it."""
+        steps, text = self._train_steps(cell), self._self_text(cell)
+        if text is None:
+            return steps
+        seconds = None if steps.seconds is None or text.seconds is None else steps.seconds + text.seconds
+        return Estimate(seconds, f"{steps.basis}; + {text.basis}")
+
+    def _self_text(self, cell) -> Estimate | None:
+        """Hugging Face `generate` over the self-distillation prompts (`selfdistill`), on the CPU, from the
+        forward FLOPs of every prompt token and new token over the CPU's measured matmul peak at an assumed
+        utilisation; None when the text is cached or an earlier cell of this plan makes it."""
+        recipe = cell.recipe
+        if recipe.data.source != "self" or not recipe.train.init_from:
+            return None
+        where = selfdistill.locate(recipe.data, recipe.train.init_from, shards.cache_root(recipe.data))
+        if where.path.is_file() or where.path in self._self_texts:
+            return None
+        self._self_texts.add(where.path)
+        tokens = where.tokens_to_run(recipe.data.self_new_tokens)
+        flops = trunk_forward_flops_per_token(_meta_model(recipe), recipe.model.context) * tokens
+        peak = env.matmul_peak(torch.device("cpu"), torch.float32, shards.cache_root(recipe.data))
+        basis = (f"self-distilled text, not cached: {len(where.prompts)} prompts, {tokens:,} tokens at most, "
+                 f"{flops / 1e12:.3g} TFLOP / {peak / 1e9:.0f} GFLOP/s / {GENERATION_UTILISATION:.0%} (assumed)")
+        return Estimate(flops / (peak * GENERATION_UTILISATION), basis)
+
+    def _train_steps(self, cell) -> Estimate:
         recipe = cell.recipe
         run = results.RunFolder(cell.run_dir)
         done = int(run.run.get("step") or 0) if run.run else 0

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -144,16 +145,36 @@ def continue_greedily(model, prompts: list[list[int]], new_tokens: int, pad_id: 
     return out
 
 
+@dataclass
+class SelfText:
+    """Where the self-distilled corpus of one checkpoint and data config lives, and what making it takes."""
+    path: Path  # `<cache>/self/<key>.jsonl`
+    prompts: list[list[int]]
+    weights_sha256: str
+    source: pretrained.Source
+    tokenizer: object
+
+    def tokens_to_run(self, new_tokens: int) -> int:
+        """Tokens the trunk runs over to make it: every prompt, and at most `new_tokens` after each."""
+        return sum(len(p) for p in self.prompts) + len(self.prompts) * new_tokens
+
+
+def locate(cfg: DataConfig, source: str | Path, cache_root: Path) -> SelfText:
+    """The cache file (made or not) and prompts of checkpoint `source`'s self-distilled corpus."""
+    src = pretrained.read_source(source)
+    tokenizer = toklib.load(src.path)
+    prompts = prompt_ids(cfg, tokenizer)
+    sha = pretrained.weights_hash(src.path)
+    return SelfText(cache_root / "self" / f"{cache_key(cfg, sha, prompts)}.jsonl", prompts, sha, src, tokenizer)
+
+
 def documents(cfg: DataConfig, source: str | Path, cache_root: Path, show_progress: bool = True) -> list[str]:
     """The self-distilled corpus of checkpoint `source` (built once, then read from the cache)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    src = pretrained.read_source(source)
-    tokenizer = toklib.load(src.path)
-    prompts = prompt_ids(cfg, tokenizer)
-    sha = pretrained.weights_hash(src.path)
-    path = cache_root / "self" / f"{cache_key(cfg, sha, prompts)}.jsonl"
+    where = locate(cfg, source, cache_root)
+    path, prompts, sha, src, tokenizer = where.path, where.prompts, where.weights_sha256, where.source, where.tokenizer
     if not path.is_file():
         hf_logging.disable_progress_bar()
         model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32).eval()

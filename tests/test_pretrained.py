@@ -427,6 +427,39 @@ def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
     assert run_ablation("post.toml", dry_run=True).extra_stages == []  # the source and baseline are done
 
 
+def test_dry_run_counts_making_the_self_distilled_text_once_until_it_is_cached(checkpoints, tmp_path, monkeypatch):
+    """A self-distilled variant whose text is not cached costs its generation (forward FLOPs of every prompt and
+    new token over the CPU peak at the assumed utilisation) on the first cell that makes it, none on the next,
+    none once the cache holds it."""
+    from mtp_cli import cost, env, selfdistill
+    from mtp_cli.config import Recipe
+    from mtp_cli.data import shards
+    from mtp_cli.model import flops
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("one two three four five six seven eight " * 30)
+    recipe = Recipe()
+    recipe.train.init_from = str(checkpoints["llama-tied"])
+    pretrained.resolve_recipe(recipe, given=set())
+    recipe.data.source, recipe.data.self_prompts, recipe.data.paths = "self", "files", [str(tmp_path / "docs")]
+    recipe.data.self_samples, recipe.data.self_prompt_tokens, recipe.data.self_new_tokens = 4, 8, 16
+    monkeypatch.setenv("MTP_CACHE_DIR", str(tmp_path / "cache"))  # this test's own: it writes a cache file
+    recipe.train.freeze_trunk, recipe.train.peak_flops = True, 1e11
+    monkeypatch.setattr(env, "matmul_peak", lambda device, dtype, root: 2e11)
+    cell = type("Cell", (), {"recipe": recipe, "run_dir": tmp_path / "run"})()
+    est = cost.Estimator(tmp_path, recipe)
+    steps = est._train_steps(cell)
+    first = est._train(cell)
+    text_flops = flops.trunk_forward_flops_per_token(cost._meta_model(recipe), recipe.model.context) * (4 * 8 + 4 * 16)
+    assert first.seconds == pytest.approx(steps.seconds + text_flops / (2e11 * cost.GENERATION_UTILISATION), rel=1e-9)
+    assert "self-distilled text, not cached: 4 prompts, 96 tokens at most" in first.basis
+    assert est._train(cell).seconds == pytest.approx(steps.seconds)  # another cell of the plan: made by then
+    where = selfdistill.locate(recipe.data, recipe.train.init_from, shards.cache_root(recipe.data))
+    where.path.parent.mkdir(parents=True)
+    where.path.write_text("{}\n")
+    assert cost.Estimator(tmp_path, recipe)._train(cell).basis == steps.basis
+
+
 def test_frozen_trunk_runs_without_autograd(checkpoints):
     from mtp_cli.config import MTPConfig, Recipe
     from mtp_cli.model import MTPModel
