@@ -139,7 +139,8 @@ class ResultSet:
 
     def frozen_flops_recount(self, run: results.RunFolder) -> float | None:
         """A frozen-trunk run's training FLOPs/token as `train.flops_per_token` counts them now, when its
-        stored figure differs (runs stored before the count knew the frozen trunk's no-grad forward);
+        stored figure differs (runs stored before the count knew the frozen trunk's no-grad forward, or a
+        distilled module's teacher logits);
         None otherwise, or when its stored recipe cannot be read back."""
 
         stored, recipe = run.run.get("flops_per_token"), run.run.get("recipe")

@@ -490,6 +490,9 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only(tmp_path):
     frozen = flops.flops_per_token(model, T)
     assert frozen == trunk_fwd + 3 * module_fwd + 2 * unembed_fwd
     assert frozen < unfrozen
+    model.mtp_cfg.draft_target = "trunk"  # distilled: the teacher's logits, one more unembedding forward
+    assert flops.flops_per_token(model, T) == frozen + unembed_fwd
+    model.mtp_cfg.draft_target = "token"
 
     recipe = tiny_recipe("sequential", depth=1)
     assert cost.training_flops(recipe)[0] == unfrozen

@@ -36,10 +36,13 @@ def flops_per_token(model: MTPModel, context: int) -> float:
     """Training FLOPs per token: 3 × forward (the backward is 2 ×). A frozen trunk (`model.frozen_trunk`,
     set by train.freeze_trunk) runs under no-grad: its forward only. The extra predictions' unembedding
     is then the frozen trunk's weight, so its backward forms the input's gradient only (1 × forward).
-    Trained over a subset of the vocabulary (mtp.draft_vocab), that unembedding is its rows only."""
+    Trained over a subset of the vocabulary (mtp.draft_vocab), that unembedding is its rows only. Distilled
+    from the trunk (mtp.draft_target = "trunk"), each extra prediction's teacher logits are one more
+    forward of that unembedding (no gradient)."""
     trunk, modules, extra_unembed = _flop_parts(model, context)
     if model.mtp_cfg.draft_vocab:
         extra_unembed *= min(model.mtp_cfg.draft_vocab, model.cfg.vocab_size) / model.cfg.vocab_size
+    teacher = extra_unembed if model.mtp_cfg.draft_target == "trunk" else 0.0
     if model.frozen_trunk:
-        return trunk + 3 * modules + 2 * extra_unembed
-    return 3 * (trunk + modules + extra_unembed)
+        return trunk + 3 * modules + 2 * extra_unembed + teacher
+    return 3 * (trunk + modules + extra_unembed) + teacher

@@ -62,14 +62,16 @@ def _resumed_notes(r: ResultSet) -> list[str]:
 
 
 def _flops_recount_notes(r: ResultSet) -> list[str]:
-    """Frozen-trunk runs whose stored FLOPs/token (and so MFU) counted the trunk's backward too."""
+    """Frozen-trunk runs whose stored FLOPs/token (and so MFU) predate the current count: the frozen trunk's
+    backward counted, or a distilled module's teacher logits not."""
     notes = []
     for run in r.runs:
         now = r.frozen_flops_recount(run)
         if now is None:
             continue
         stored, mfu = run.run["flops_per_token"], (run.run.get("throughput") or {}).get("mfu_median")
-        notes.append(f"{run.path.name}: its stored {stored / 1e6:.1f} MFLOP/token counted the frozen trunk's backward; "
+        why = "counted the frozen trunk's backward" if stored > now else "left out the teacher's logits"
+        notes.append(f"{run.path.name}: its stored {stored / 1e6:.1f} MFLOP/token {why}; "
                      f"counted as it trained, {now / 1e6:.1f} MFLOP/token"
                      + (f", MFU {pct(mfu * now / stored)}" if isinstance(mfu, (int, float)) else ""))
     return notes
