@@ -20,6 +20,7 @@ import torch
 from mtp_cli import env, results, selfdistill
 from mtp_cli.config import Recipe
 from mtp_cli.data import shards
+from mtp_cli.errors import UserError
 from mtp_cli.model import MTPModel
 from mtp_cli.model.flops import flops_per_token, forward_flops_per_token, trunk_forward_flops_per_token
 
@@ -108,14 +109,24 @@ class Estimator:
         recipe = cell.recipe
         if recipe.data.source != "self" or not recipe.train.init_from:
             return None
-        where = selfdistill.locate(recipe.data, recipe.train.init_from, shards.cache_root(recipe.data))
-        if where.path.is_file() or where.path in self._self_texts:
+        data = recipe.data
+        try:
+            where = selfdistill.locate(data, recipe.train.init_from, shards.cache_root(data))
+        except UserError:  # the source is an earlier stage's export, not made yet: nothing of it can be cached
+            key, n = ("source", recipe.train.init_from), data.self_samples
+            tokens = n * (data.self_prompt_tokens + data.self_new_tokens)
+            what = f"{n} prompts of ~{data.self_prompt_tokens} tokens"
+        else:
+            key, n = where.path, len(where.prompts)
+            tokens, what = where.tokens_to_run(data.self_new_tokens), f"{n} prompts"
+            if where.path.is_file():
+                return None
+        if key in self._self_texts:
             return None
-        self._self_texts.add(where.path)
-        tokens = where.tokens_to_run(recipe.data.self_new_tokens)
+        self._self_texts.add(key)
         flops = trunk_forward_flops_per_token(_meta_model(recipe), recipe.model.context) * tokens
-        peak = env.matmul_peak(torch.device("cpu"), torch.float32, shards.cache_root(recipe.data))
-        basis = (f"self-distilled text, not cached: {len(where.prompts)} prompts, {tokens:,} tokens at most, "
+        peak = env.matmul_peak(torch.device("cpu"), torch.float32, shards.cache_root(data))
+        basis = (f"self-distilled text, not cached: {what}, {tokens:,} tokens at most, "
                  f"{flops / 1e12:.3g} TFLOP / {peak / 1e9:.0f} GFLOP/s / {GENERATION_UTILISATION:.0%} (assumed)")
         return Estimate(flops / (peak * GENERATION_UTILISATION), basis)
 

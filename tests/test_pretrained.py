@@ -458,6 +458,10 @@ def test_dry_run_counts_making_the_self_distilled_text_once_until_it_is_cached(c
     where.path.parent.mkdir(parents=True)
     where.path.write_text("{}\n")
     assert cost.Estimator(tmp_path, recipe)._train(cell).basis == steps.basis
+    recipe.train.init_from = str(tmp_path / "source-export")  # an earlier stage's export, not made yet
+    est = cost.Estimator(tmp_path, recipe)
+    assert "4 prompts of ~8 tokens, 96 tokens at most" in est._train(cell).basis
+    assert est._train(cell).basis == est._train_steps(cell).basis
 
 
 def test_frozen_trunk_runs_without_autograd(checkpoints):
