@@ -110,13 +110,9 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
     vocab, vocab_info = draft_vocabulary(run, cfg.draft_vocab) if k else (None, None)
     floor = weight_floor(model.trunk)
     selection = None
+    head = next(c for c in conditions if c.name == primary)
     if lens:
-        head = next(c for c in conditions if c.name == primary)
-        tuning = tuning_prompts(_prompt_ids(run, head.source, None, max_new_tokens, gsm8k_data)[0],
-                                prompt_sets[head.source][0])
-        if not tuning:
-            raise UserError(f"specbench.draft_lens: every {head.source} prompt is timed, none is left to choose k on; "
-                            "lower specbench.limit")
+        tuning = _tuning_set(run, head.source, prompt_sets, max_new_tokens, gsm8k_data, "draft_lens", "k")
         with ui.progress(transient=True, disable=not show_progress) as bar:
             task = bar.add_task("choosing the draft length", total=2 * (len(lens) + 1), info="")
             selection = choose_draft_len(model, lens, tuning, head.source, head.temperature, max_new_tokens,
@@ -130,12 +126,7 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                             "use --draft-len 1")
         width_selection = {"chosen": 1, "skipped": f"k = {k} was chosen: a tree verifies candidates for one draft"}
     elif cfg.draft_widths and k:
-        head = next(c for c in conditions if c.name == primary)
-        tuning = tuning_prompts(_prompt_ids(run, head.source, None, max_new_tokens, gsm8k_data)[0],
-                                prompt_sets[head.source][0])
-        if not tuning:
-            raise UserError(f"specbench.draft_widths: every {head.source} prompt is timed, none is left to choose "
-                            "the width on; lower specbench.limit")
+        tuning = _tuning_set(run, head.source, prompt_sets, max_new_tokens, gsm8k_data, "draft_widths", "the width")
         with ui.progress(transient=True, disable=not show_progress) as bar:
             task = bar.add_task("choosing the tree width", total=2 * (len(cfg.draft_widths) + 1), info="")
             width_selection = choose_draft_width(model, sorted(set(cfg.draft_widths)), tuning, head.source,
@@ -180,6 +171,16 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
             report["conditions"].append(entry)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     return write_spec(json_path, SpecbenchDoc(**report))
+
+
+def _tuning_set(run, source: str, prompt_sets: dict, max_new_tokens: int, gsm8k_data, setting: str,
+                what: str) -> list[list[int]]:
+    """The prompts of `source` a draft setting is chosen on: ones the benchmark does not time."""
+    tuning = tuning_prompts(_prompt_ids(run, source, None, max_new_tokens, gsm8k_data)[0], prompt_sets[source][0])
+    if not tuning:
+        raise UserError(f"specbench.{setting}: every {source} prompt is timed, none is left to choose {what} on; "
+                        "lower specbench.limit")
+    return tuning
 
 
 def _prompt_ids(run, source: str, limit, max_new_tokens: int, gsm8k_data) -> tuple[list[list[int]], dict]:
