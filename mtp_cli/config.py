@@ -310,6 +310,10 @@ class EvalConfig:
             raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
 
 
+MAX_DRAFT_CANDIDATES = 6  # draft lengths + tree widths one specbench times: each may compile a fused graph,
+# and dynamo allows 8 per code object (bench/run.py fails rather than time eager code past it)
+
+
 @dataclass
 class SpecbenchConfig:
     """What `mtp specbench` and `mtp ablate`'s specbench stage measure: MTP self-speculative decoding
@@ -367,6 +371,12 @@ class SpecbenchConfig:
         if (self.draft_width > 1 or self.draft_widths) and (self.draft_len or 1) > 1:
             raise UserError("specbench.draft_width(s) > 1 verifies candidates for one draft: it needs "
                             "specbench.draft_len 1 (--draft-len 1)")
+        if self.draft_width > 1 and self.draft_lens and max(self.draft_lens) > 1:
+            raise UserError("specbench.draft_width > 1 needs one draft per step, but draft_lens may choose more: "
+                            "use draft_widths (chosen after k, skipped when k > 1) or draft_len 1")
+        if len(self.draft_lens or []) + len(self.draft_widths or []) > MAX_DRAFT_CANDIDATES:
+            raise UserError(f"specbench.draft_lens and draft_widths: at most {MAX_DRAFT_CANDIDATES} candidates in all "
+                            "(each compiles its own decoding graph)")
         if self.draft_vocab is not None and self.draft_vocab < 0:
             raise UserError(f"specbench.draft_vocab (--draft-vocab) must be >= 0 (0: the whole vocabulary), "
                             f"got {self.draft_vocab}")

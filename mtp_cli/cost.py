@@ -21,7 +21,7 @@ from mtp_cli import env, results, selfdistill
 from mtp_cli.config import Recipe
 from mtp_cli.data import shards
 from mtp_cli.errors import UserError
-from mtp_cli.model import MTPModel
+from mtp_cli.model import MTPModel, pretrained
 from mtp_cli.model.flops import flops_per_token, forward_flops_per_token, trunk_forward_flops_per_token
 
 ASSUMED_MFU = {"cpu": 0.5, "cuda": 0.35}  # fp32 on CPU reaches ~0.55 at the quick scale; bf16 on CUDA varies
@@ -76,6 +76,7 @@ class Estimator:
                 self.achieved.append(float(tokens_per_s) * float(run.run["flops_per_token"]))
         self._peak: dict[str, float | None] = {}
         self._self_texts: set = set()  # self-distilled corpora an earlier cell of this plan makes
+        self._located: dict[tuple, selfdistill.SelfText] = {}
 
     def peak(self, recipe: Recipe) -> tuple[float | None, str]:
         device = recipe.train.device
@@ -109,14 +110,18 @@ class Estimator:
         recipe = cell.recipe
         if recipe.data.source != "self" or not recipe.train.init_from:
             return None
-        data = recipe.data
+        data, source = recipe.data, recipe.train.init_from
         try:
-            where = selfdistill.locate(data, recipe.train.init_from, shards.cache_root(data))
-        except UserError:  # the source is an earlier stage's export, not made yet: nothing of it can be cached
-            key, n = ("source", recipe.train.init_from), data.self_samples
+            pretrained.read_source(source)
+        except UserError:  # an earlier stage's export, not made yet: nothing of it can be cached
+            key, n = ("source", source, repr(data)), data.self_samples
             tokens = n * (data.self_prompt_tokens + data.self_new_tokens)
             what = f"{n} prompts of ~{data.self_prompt_tokens} tokens"
         else:
+            memo = (source, repr(data))
+            if memo not in self._located:  # hashing the weights and cutting the prompts: once per setting
+                self._located[memo] = selfdistill.locate(data, source, shards.cache_root(data))
+            where = self._located[memo]
             key, n = where.path, len(where.prompts)
             tokens, what = where.tokens_to_run(data.self_new_tokens), f"{n} prompts"
             if where.path.is_file():

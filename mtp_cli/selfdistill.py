@@ -6,9 +6,9 @@ SpecForge's regenerated training sets all report it. Each document is a prompt f
 trunk's greedy continuation of it (up to `self_new_tokens`, fewer at end of text). Prompts come from
 `data.self_prompts`: windows of `self_prompt_tokens` tokens cut evenly from a corpus (stdlib, or
 files in data.paths), standard-library functions cut after their docstring (HumanEval's shape, not
-its items) — both from the corpus's training documents only, so that no held-out figure (loss on the
-validation split, specbench's heldout prompts) is measured on text whose prompts the modules saw —,
-GSM8K training questions (the train split in data.paths, never the test split), or the HumanEval
+its items), GSM8K training questions (the train split in data.paths, never the test split) — all from
+their corpus's training documents only, so that no held-out figure (loss on the validation split,
+specbench's heldout prompts) is measured on text whose prompts the modules saw —, or the HumanEval
 prompts (then a HumanEval specbench measures drafting on prompts the modules saw); several
 joined by "+" share the samples evenly. Generation is Hugging Face `generate` on the source checkpoint itself.
 
@@ -52,7 +52,7 @@ def _share(cfg: DataConfig, prompt_set: str) -> int:
 
 def _corpus_prompts(cfg: DataConfig, prompt_set: str, tokenizer) -> list[list[int]]:
     corpus_cfg = DataConfig(source=prompt_set, paths=cfg.paths, text_field=cfg.text_field, max_bytes=cfg.max_bytes)
-    train_docs = [d for d in sources.corpus(corpus_cfg) if not shards.is_validation(d, cfg.val_fraction)]
+    train_docs = shards.split_documents(sources.corpus(corpus_cfg), cfg.val_fraction)[0]
     ids = [t for e in tokenizer.backend_tokenizer.encode_batch(train_docs, add_special_tokens=False) for t in e.ids]
     n_windows = len(ids) // cfg.self_prompt_tokens
     if n_windows < 1:
@@ -70,10 +70,7 @@ def function_prompts(val_fraction: float) -> tuple[str, ...]:
     file's functions in `ast.walk` order; very long headers (over MAX_FUNCTION_PROMPT_CHARS), and those
     whose docstring is indented less than the `def`, are left out."""
     prompts = []
-    for path in sources.stdlib_files():
-        text = path.read_text(encoding="utf-8", errors="replace")  # the document as the stdlib corpus reads it
-        if shards.is_validation(text, val_fraction):
-            continue
+    for text in shards.split_documents(sources.corpus(DataConfig(source="stdlib")), val_fraction)[0]:
         try:
             tree = ast.parse(text)
         except SyntaxError:
@@ -99,7 +96,11 @@ def _text_prompts(cfg: DataConfig, prompt_set: str) -> list[str]:
                             "data.self_prompts = 'stdlib-functions'")
         take = min(take, len(every))
         return [every[i * len(every) // take] for i in range(take)]
-    questions = [gsm8k_format.prompt(row["question"]) for row in sources.gsm8k_train_rows(cfg.paths)]
+    rows = list(sources.gsm8k_train_rows(cfg.paths))  # their training documents only, as the gsm8k corpus splits them
+    kept = set(shards.split_documents([gsm8k_format.document(r["question"], r["answer"]) for r in rows],
+                                      cfg.val_fraction)[0])
+    questions = [gsm8k_format.prompt(r["question"]) for r in rows
+                 if gsm8k_format.document(r["question"], r["answer"]) in kept]
     if not questions:
         raise UserError(f"no GSM8K training questions (train*.jsonl) under {', '.join(cfg.paths)}")
     return questions[:take]

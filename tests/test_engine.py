@@ -210,6 +210,37 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     assert torch._inductor.config.freezing is False
 
 
+@pytest.mark.slow  # one graph to compile: about a minute on 2 cores
+def test_compiled_tree_is_lossless_without_recompiling():
+    """A candidate tree (`draft_width` 3) in the compiled fused step: greedy's output on prompts of other
+    lengths, one graph fed its own output (`fused_input` with the tree's lead), no graph break."""
+    from helpers import tiny_model_config
+    from torch._dynamo.utils import counters
+
+    from mtp_cli.config import MTPConfig
+    from mtp_cli.decode.speculative import SpecStats, speculative_generate
+    from mtp_cli.model.mtp import MTPModel
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = MTPModel(tiny_model_config(n_layers=1, context=256), MTPConfig(objective="sequential", depth=1)).eval()
+    init_weights(model, 0.3)
+    first = PROMPTS[0]
+    speculative_generate(model, [first + first], 2, compile=True, draft_width=3)
+    graphs = compiled_graphs()
+    stats = SpecStats(1)
+    for p in PROMPTS:
+        assert speculative_generate(model, [p], 16, compile=True, draft_width=3, stats=stats) \
+            == generate(model.trunk, [p], 16)
+    assert compiled_graphs() == graphs, "the tree's fused step, fed its own output, recompiled"
+    assert stats.steps > 0
+    broken = {**counters["graph_break"], **counters["unimplemented"]}
+    assert not broken, list(broken)
+    engine = engine_for(model.trunk, model, compile=True)
+    assert [key[3] for key in engine.fused_steps] == [3] and all(c is not None for _, c in engine.fused_steps.values())
+
+
 @pytest.mark.slow  # three graphs to compile: about a minute on 2 cores
 def test_compiled_batches_equal_eager_in_one_graph_per_width():
     """Several rows on CPU run one compiled graph with symbolic batch size, positions and span: ragged

@@ -542,17 +542,21 @@ def test_self_prompt_sets_mix_in_order_with_an_even_share(checkpoints):
 
 
 def test_self_distillation_prompts_come_from_training_documents_only(checkpoints, tmp_path, monkeypatch):
-    """Corpus windows and standard-library function prompts skip the documents the validation split holds:
-    a module must not train on continuations of text its held-out figures are measured on."""
-    from mtp_cli import selfdistill
+    """Corpus windows, standard-library function prompts and GSM8K questions skip the documents the validation
+    split holds: a module must not train on continuations of text its held-out figures are measured on."""
+    from mtp_cli import paths, selfdistill
     from mtp_cli.config import DataConfig
     from mtp_cli.data import shards
 
     tok = toklib.load(checkpoints["llama-gqa-untied"])
     (tmp_path / "kept.txt").write_text("alpha beta gamma delta " * 40)
     (tmp_path / "held.txt").write_text("HELD OUT TEXT " * 40)
-    held = lambda doc, fraction: "HELD" in doc or "def dedent(text)" in doc  # noqa: E731
+    gsm8k = str(paths.gsm8k_data(None))
+    first = json.loads((Path(gsm8k) / "train.jsonl").read_text().splitlines()[0])["question"]
+    held = lambda doc, fraction: "HELD" in doc or "def dedent(text)" in doc or first in doc  # noqa: E731
     monkeypatch.setattr(shards, "is_validation", held)
+    questions = selfdistill.prompt_ids(DataConfig(source="self", self_prompts="gsm8k", paths=[gsm8k], self_samples=3), tok)
+    assert len(questions) == 3 and not any(first in tok.decode(q) for q in questions)
     cfg = DataConfig(source="self", self_prompts="files", paths=[str(tmp_path)], self_samples=8, self_prompt_tokens=8)
     texts = [tok.decode(ids) for ids in selfdistill.prompt_ids(cfg, tok)]
     assert len(texts) == 8 and all(t.strip() for t in texts)

@@ -130,7 +130,8 @@ def test_tree_width_is_chosen_on_untimed_prompts_and_timed_where_the_fused_loop_
     assert only(skipped)["results"]["1"]["mtp"]["draft_width"] == 1
     for bad, needle in ((dict(draft_width=0), "integer >= 1"), (dict(draft_width=2, draft_widths=[2]), "not both"),
                         (dict(draft_widths=[2], limit=0), "limit"), (dict(draft_width=2, draft_len=3), "draft_len 1"),
-                        (dict(draft_widths=[0]), "integers >= 1")):
+                        (dict(draft_widths=[0]), "integers >= 1"), (dict(draft_width=2, draft_lens=[1, 2]), "draft_widths"),
+                        (dict(draft_lens=[1, 2, 3, 4], draft_widths=[1, 2, 3]), "at most 6")):
         with pytest.raises(UserError, match=needle):
             SpecbenchConfig(**bad).validate()
 

@@ -426,6 +426,14 @@ def test_tree_of_candidates_is_lossless(runs, objective, width, vocab):
     assert tree.acceptance_rate > chain.acceptance_rate
 
 
+def test_tree_wider_than_the_draft_vocabulary_is_a_user_error(runs):
+    model = runs["sequential"].model
+    with pytest.raises(UserError, match="exceeds the 4 tokens"):
+        make_drafter(model, 1, 1, 64, draft_vocab=torch.arange(4), width=5)
+    with pytest.raises(UserError, match="needs one draft per step"):
+        make_drafter(model, 2, 1, 64, width=2)
+
+
 def test_tree_as_wide_as_the_vocabulary_accepts_every_step(runs):
     """With every token a candidate the trunk's token is always among them: every step accepts one."""
     run = runs["sequential"]

@@ -14,14 +14,14 @@ VERIFY_WIDTHS_UP_TO = 4  # t_verify is measured for k = 1..max(4, the draft leng
 
 
 def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | None, compile: bool,
-                       baseline: str = "greedy", draft_vocab: torch.Tensor | None = None, width: int = 1) -> None:
+                       baseline: str = "greedy", draft_vocab: torch.Tensor | None = None) -> None:
     """Beside the end-to-end phase means: the one-time compile cost of our decoders (`compile_s`, in
     their warm-up), and the trunk forward at fixed widths on these prompts (`t_forward_by_width_s`:
     width 1 is the plain step, width k+1 verifies k drafts; `t_verify_by_k_s` and its ratio to the
     step for k = 1..max(4, k)); one row, greedy, also the fused verify-and-draft call
     (`t_forward_verify_draft_s`) and the draft's share of it, beyond verifying (`t_draft_s`). From
     these parts, timed side by side, the ideal speed-up: MAL · T_step / (T_verify(k) + T_draft). A tree of
-    `width` candidates (where the loop ran one: `draft_width` in the results) verifies `width` tokens."""
+    w candidates (where the loop ran one: the MTP row's `draft_width`) verifies w tokens."""
     greedy_engine = engine_for(model.trunk, compile=compile)
     results[baseline]["compile_s"] = greedy_engine.compile_s
     if "mtp" not in results:

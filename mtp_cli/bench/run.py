@@ -120,7 +120,10 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                                          lambda m: bar.update(task, advance=1, info=m))
         k = selection["chosen"]
     width, width_selection = cfg.draft_width, None
-    if cfg.draft_widths and k and k != 1:
+    if cfg.draft_widths and k and device == "cuda" and compile:
+        width_selection = {"chosen": 1, "skipped": "CUDA graphs decode with fixed shapes, not the one-row fused loop "
+                                                   "that verifies trees"}
+    elif cfg.draft_widths and k and k != 1:
         if not lens:
             raise UserError(f"specbench.draft_widths: tree widths need one draft per step, but k = {k}; "
                             "use --draft-len 1")

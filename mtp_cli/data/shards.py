@@ -55,6 +55,16 @@ def is_validation(doc: str, val_fraction: float) -> bool:
     return (h % 1_000_000) < val_fraction * 1_000_000
 
 
+def split_documents(docs: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
+    """(training, validation) documents: by `is_validation`; a tiny corpus with none in validation holds
+    out its last document."""
+    train_docs = [d for d in docs if not is_validation(d, val_fraction)]
+    val_docs = [d for d in docs if is_validation(d, val_fraction)]
+    if not val_docs:
+        train_docs, val_docs = docs[:-1] or docs, docs[-1:]
+    return train_docs, val_docs
+
+
 def _write_tokens(path: Path, ids: list[list[int]], eos: int, dtype: np.dtype) -> None:
     total = sum(len(x) + 1 for x in ids)
     with replacing(path) as tmp:
@@ -97,10 +107,7 @@ def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> 
     if not meta_path.is_file():
         ui.console.print(f"data: tokenizing {len(docs):,} documents into token shards", markup=False)
         shard_dir.mkdir(parents=True, exist_ok=True)
-        train_docs = [d for d in docs if not is_validation(d, cfg.val_fraction)]
-        val_docs = [d for d in docs if is_validation(d, cfg.val_fraction)]
-        if not val_docs:  # tiny corpora: hold out the last document
-            train_docs, val_docs = docs[:-1] or docs, docs[-1:]
+        train_docs, val_docs = split_documents(docs, cfg.val_fraction)
         encode = tok.backend_tokenizer.encode_batch
         eos = tok.eos_token_id
         for name, split in (("train", train_docs), ("val", val_docs)):

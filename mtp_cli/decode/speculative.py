@@ -159,6 +159,10 @@ class _ModuleDrafter(Drafter):
             raise UserError(f"a draft width of {width} (candidates for the next token) needs one draft per step, "
                             f"got --draft-len {k}")
         self.engine, self.k, self.width = engine, k, width
+        drafts_from = engine.unembed.shape[1] if vocab is None else len(vocab)
+        if width > drafts_from:
+            raise UserError(f"a draft width of {width} exceeds the {drafts_from} tokens the modules draft from "
+                            "(--draft-vocab)")
         self.first_logits: Tensor | None = None  # the last `propose`'s logits for its first draft (B, V')
         self.vocab = None if vocab is None else vocab.to(engine.device)  # the draft vocabulary (draft_vocab.py)
         self.vocab_size = engine.unembed.shape[1]
@@ -402,15 +406,15 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
     token ids the modules draft from (`draft_vocab.top_tokens`; None: all). One row, greedy, with the
     model's own modules: verification and the next draft run as one call (`FusedGreedyStep`) unless
     `fused=False`; there `draft_width` > 1 verifies the module's top `draft_width` candidates for the next
-    token each step instead of its top one (k = 1; elsewhere the width is 1: sampling and batches
-    draft a chain)."""
+    token each step instead of its top one (k = 1; elsewhere the width is 1: sampling, batches and
+    CUDA's fixed-shape graphs draft a chain)."""
     if not prompts:
         return []
     engine, timer = engine_for(model.trunk, model, compile), timer or NO_TIMER
     k = drafter.k if drafter is not None else draft_len_for(model, draft_len)
     stats = stats if stats is not None else SpecStats(k)
     fusable = fused and temperature <= 0 and len(prompts) == 1 and not engine.static
-    width = draft_width if fusable and drafter is None else 1
+    width = drafter.width if isinstance(drafter, _ModuleDrafter) else draft_width if fusable and drafter is None else 1
     room = max(k, width)  # scratch past the committed tokens: drafts, or tree candidates
     cache_len = cache_capacity(engine, max(len(p) for p in prompts) + max_new_tokens + room + 2)
     drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile, draft_vocab, width)
@@ -490,8 +494,9 @@ def first_fused_tokens(drafter: _ModuleDrafter, pending: Tensor, drafts: Tensor)
 
 def fused_verify_and_draft(drafter: _ModuleDrafter, tokens: Tensor, cache) -> Tensor:
     """One `FusedGreedyStep` call on the drafter's engine over tokens (1, k+1) = the pending token and the
-    drafts (`fused_input`, or the previous call's `out[:, 1:]`); the step (and its compiled graph) is built
-    once per engine for the drafter's kind, draft length and draft vocabulary. Returns its out (1, k+2)."""
+    drafts, or (1, w+1) = the pending token and a tree's w candidates (`fused_input`, or the previous call's
+    `out[:, fused_lead(drafter):]`); the step (and its compiled graph) is built once per engine for the
+    drafter's kind, draft length, width and draft vocabulary. Returns its out, (1, k+2) or (1, w+3)."""
     return drafter.engine.fused_step(drafter.fused_key, lambda: FusedGreedyStep(drafter), tokens, cache,
                                      drafter.caches)
 

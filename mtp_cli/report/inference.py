@@ -211,7 +211,7 @@ def draft_len_table(r: ResultSet) -> Table | None:
                 if not sel or table not in sel:  # no selection, or widths skipped (k > 1 chosen)
                     continue
                 for c, e in sel[table].items():
-                    rows.append([v, str(seed), label.format(c) if c != "1" else "1",
+                    rows.append([v, str(seed), label.format(c) if c != "1" or table == "by_k" else "1, chain",
                                  num(e.get("speedup"), 2), num(e.get("mean_acceptance_length"), 2),
                                  " / ".join(pct(a) for a in e.get("acceptance_at") or []) or "–",
                                  "yes" if int(c) == sel["chosen"] else ""])
