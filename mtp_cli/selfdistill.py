@@ -97,10 +97,9 @@ def _text_prompts(cfg: DataConfig, prompt_set: str) -> list[str]:
         take = min(take, len(every))
         return [every[i * len(every) // take] for i in range(take)]
     rows = list(sources.gsm8k_train_rows(cfg.paths))  # their training documents only, as the gsm8k corpus splits them
-    kept = set(shards.split_documents([gsm8k_format.document(r["question"], r["answer"]) for r in rows],
-                                      cfg.val_fraction)[0])
-    questions = [gsm8k_format.prompt(r["question"]) for r in rows
-                 if gsm8k_format.document(r["question"], r["answer"]) in kept]
+    docs = [gsm8k_format.document(r["question"], r["answer"]) for r in rows]
+    kept = set(shards.split_documents(docs, cfg.val_fraction)[0])
+    questions = [gsm8k_format.prompt(r["question"]) for r, doc in zip(rows, docs) if doc in kept]
     if not questions:
         raise UserError(f"no GSM8K training questions (train*.jsonl) under {', '.join(cfg.paths)}")
     return questions[:take]

@@ -307,6 +307,13 @@ class FusedGreedyStep(torch.nn.Module):
         self.register_buffer("tree_depth", torch.tensor([0] + [1] * self.width, device=self.engine.device),
                              persistent=False)
 
+    def _unembed(self) -> Tensor:
+        """The unembedding the next draft is read through: the draft vocabulary's columns, else the full one
+        of module 1 (sequential) or the trunk (parallel heads), which stays the engine's (not this module's)."""
+        if self.draft_unembed is not None:
+            return self.draft_unembed
+        return self.engine.sequential[0].unembed if self.sequential else self.engine.unembed
+
     @staticmethod
     def supports(drafter: Drafter) -> bool:
         return isinstance(drafter, ParallelDrafter) or (isinstance(drafter, SequentialDrafter) and drafter.k == 1)
@@ -322,9 +329,7 @@ class FusedGreedyStep(torch.nn.Module):
         # the token after each position: the drafts, then the trunk's own token at n
         after = torch.where(engine.key_index[: k + 1] == n, nxt[:, None], tokens.roll(-1, 1))
         plan = engine.row_plan(start, k + 1)
-        unembed = self.draft_unembed
-        if unembed is None:
-            unembed = engine.sequential[0].unembed if self.sequential else engine.unembed
+        unembed = self._unembed()
         picks = []
         if self.sequential:
             h = engine.head_norm(hidden) if self.post_norm else hidden
@@ -360,9 +365,7 @@ class FusedGreedyStep(torch.nn.Module):
         pair = torch.cat([states[:, :1], states.index_select(1, col)], 1)  # the committed positions' states
         after = torch.cat([target, nxt])[None] if self.sequential else None  # the token after each
         out = engine.module_window(0, pair, after, engine.row_plan(start, 2), module_k[0], module_v[0])
-        unembed = self.draft_unembed
-        if unembed is None:
-            unembed = engine.sequential[0].unembed if self.sequential else engine.unembed
+        unembed = self._unembed()
         picks = engine.head(out.index_select(1, n)[:, 0], unembed).topk(w, -1).indices
         picks = picks if self.vocab is None else self.vocab[picks]
         return torch.cat([n[:, None], target[:, None], nxt[:, None], picks], 1)
@@ -414,7 +417,10 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
     k = drafter.k if drafter is not None else draft_len_for(model, draft_len)
     stats = stats if stats is not None else SpecStats(k)
     fusable = fused and temperature <= 0 and len(prompts) == 1 and not engine.static
-    width = drafter.width if isinstance(drafter, _ModuleDrafter) else draft_width if fusable and drafter is None else 1
+    if drafter is not None:
+        width = getattr(drafter, "width", 1)
+    else:
+        width = draft_width if fusable else 1
     room = max(k, width)  # scratch past the committed tokens: drafts, or tree candidates
     cache_len = cache_capacity(engine, max(len(p) for p in prompts) + max_new_tokens + room + 2)
     drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile, draft_vocab, width)
