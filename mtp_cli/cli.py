@@ -261,7 +261,8 @@ def specbench(
     ),
     peers: str = typer.Option(
         "all",
-        help="all | primary: time the Hugging Face peers in every condition, or in the primary one only (they cost the most).",
+        help="all | primary | none: time the Hugging Face peers in every condition, in the primary one only, or nowhere "
+        "(they cost the most, and do not depend on the modules).",
     ),
     limit: int = typer.Option(20, help="First N prompts (0 = all)."),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per prompt (fewer at EOS)."),

@@ -29,7 +29,7 @@ EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
 SPEC_PROMPTS = ("humaneval", "gsm8k")
 TRACKERS = ("none", "tensorboard", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
-PEER_SCOPES = ("all", "primary")  # specbench.peers
+PEER_SCOPES = ("all", "primary", "none")  # specbench.peers
 PARALLEL = ("ddp", "fsdp")  # train.parallel: how torchrun's processes share the model (mtp_cli/parallel.py)
 LAUNCHERS = ("local", "slurm")
 VARIANT_SECTIONS = ("model", "mtp", "data", "train", "eval", "specbench")
@@ -333,7 +333,7 @@ class SpecbenchConfig:
     draft_widths: list[int] | None = None  # or the fastest of these at k = 1, chosen as draft_lens
     draft_vocab: int | None = None  # the modules draft from this many most frequent training tokens
     # (None: the run's mtp.draft_vocab, else V/4; 0: all)
-    peers: str = "all"  # all | primary: where the Hugging Face peers are timed (they cost the most)
+    peers: str = "all"  # all | primary | none: where the Hugging Face peers are timed (they cost the most)
     compile: bool | None = None  # torch.compile our decoders in `mtp ablate`'s specbench (None: the device's default)
 
     def validate(self) -> None:

@@ -393,6 +393,13 @@ def test_results_read_one_schema_and_the_migration_rewrites_the_old_one(tiny_run
     assert {"hf_generate", "hf_prompt_lookup"} <= set(primary["results"]["1"])
     assert set(humaneval["results"]["1"]) == {"greedy", "mtp"}
     assert "primary condition only" in humaneval["skipped"]["1"]["hf_generate"]
+    # --peers none: no peer anywhere, each left out with its reason; the MTP row is measured as before
+    bare = run_specbench(run, SpecbenchConfig(prompts="humaneval", limit=2, max_new_tokens=8, repeats=1, peers="none"),
+                         json_path=tmp_path / "bare.json", show_progress=False)
+    row = bare["conditions"][0]
+    assert set(row["results"]["1"]) == {"greedy", "mtp"} and row["results"]["1"]["mtp"]["lossless"]
+    assert set(row["skipped"]["1"]) == {"hf_generate", "hf_prompt_lookup"}
+    assert all("--peers none" in why for why in row["skipped"]["1"].values())
     # schema 2 spelled intervals `_ci`: the migration renames them and changes nothing else
     v2 = tmp_path / "v2.json"
 

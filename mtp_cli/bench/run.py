@@ -56,7 +56,7 @@ __all__ = ["JSON_NAME", "run_specbench"]
 def run_specbench(run_dir, cfg: SpecbenchConfig, rt: Runtime | None = None, *, draft_run=None, gsm8k_data=None,
                   json_path=None, show_progress: bool = True) -> dict:
     """Benchmark one run as `cfg` says (every prompt source × temperature; `cfg.primary` the headline
-    condition; `cfg.peers` = "primary" times the Hugging Face peers there only) on `rt`'s device, with its
+    condition; `cfg.peers` = "primary" times the Hugging Face peers there only, "none" nowhere) on `rt`'s device, with its
     threads for the benchmark's length and its torch.compile switch for our decoders; writes the report
     to `json_path` (default `<run>/specbench.json`) and returns it. `draft_run`: a smaller NTP run with
     the same tokenizer, for HF assisted generation; `gsm8k_data`: where `--prompts gsm8k` reads."""
@@ -139,10 +139,13 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
     elif width > 1 and k and k != 1:
         raise UserError(f"specbench.draft_width {width} verifies candidates for one draft, but k = {k}; "
                         "use --draft-len 1")
-    hf = hf_model(run)
+    hf = hf_model(run) if cfg.peers != "none" else None
     hf_draft = hf_model(draft) if draft is not None else None
-    plans = [(c, *methods_for(c, run, hf, hf_draft, max_new_tokens, k, compile, cfg.peers == "all" or c.name == primary,
-                           vocab, width)) for c in conditions]
+    def peers_left_out(c: Condition) -> str | None:
+        return None if cfg.peers == "all" or (cfg.peers == "primary" and c.name == primary) else cfg.peers
+
+    plans = [(c, *methods_for(c, run, hf, hf_draft, max_new_tokens, k, compile, peers_left_out(c), vocab, width))
+             for c in conditions]
 
     report = header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
     report["draft_vocab"] = vocab_info

@@ -21,7 +21,8 @@ PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
 SAMPLED_SKIP = "measured at temperature 0 only, to keep the benchmark's cost down"
 
 
-PRIMARY_ONLY_SKIP = "peers timed in the primary condition only (--peers primary)"
+PEERS_SKIP = {"primary": "peers timed in the primary condition only (--peers primary)",
+              "none": "peers not timed (--peers none): they run the trunk alone, as in the run they were timed with"}
 
 
 SAMPLE_SEED = 0
@@ -56,9 +57,10 @@ def applicable(runners: dict, bs: int) -> dict:
 
 
 def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
-             compile: bool, with_peers: bool = True, vocab: torch.Tensor | None = None,
+             compile: bool, peers_left_out: str | None = None, vocab: torch.Tensor | None = None,
              width: int = 1) -> tuple[dict, dict]:
-    """The methods measured in one condition, and {method: why not} for the peers left out. `width`: MTP's
+    """The methods measured in one condition, and {method: why not} for the peers left out (all of them where
+    `peers_left_out` names the reason, a key of PEERS_SKIP). `width`: MTP's
     tree width where it applies (one row, greedy; `speculative_generate`)."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
     runners = {condition.baseline: ours_plain(model, max_new_tokens, eos, compile, t)}
@@ -67,8 +69,8 @@ def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k:
     peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     if hf_draft is not None:
         peers["hf_assisted"] = {"assistant_model": hf_draft}
-    if not with_peers:
-        return runners, {name: PRIMARY_ONLY_SKIP for name in ["hf_generate", *peers]}
+    if peers_left_out:
+        return runners, {name: PEERS_SKIP[peers_left_out] for name in ["hf_generate", *peers]}
     runners["hf_generate"] = _hf_runner(hf, tokenizer, max_new_tokens, {}, t)
     if t > 0:
         return runners, {name: SAMPLED_SKIP for name in peers}
