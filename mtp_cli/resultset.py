@@ -124,6 +124,15 @@ class ResultSet:
         return (doc.get("hf") or {}).get("source") or doc.get("export") or doc.get("run")
 
     @property
+    def before_seconds(self) -> float | None:
+        """Wall seconds the "before" row's evaluation took (baseline/eval.json's per-task seconds)."""
+        if self.before is None:
+            return None
+        spent = (results.RunFolder(results.baseline_json(self.dir).parent).eval.get("seconds") or {}).values()
+        spent = [s for s in spent if isinstance(s, (int, float))]
+        return sum(spent) if spent else None
+
+    @property
     def frozen_trunk(self) -> bool:
         """Every run trained with train.freeze_trunk: its trunk is the source's, unchanged."""
         return bool(self.runs) and all(results._get(run.run, "recipe", "train", "freeze_trunk") is True for run in self.runs)

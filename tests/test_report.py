@@ -16,6 +16,7 @@ from rich.console import Console
 
 from mtp_cli import cli, compare, report, results, resultset, stats
 from mtp_cli.grid import stages
+from mtp_cli.report import helpers as report_helpers
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -70,6 +71,10 @@ def test_report_from_stored_results(tiny_ablation, tmp_path, no_training):
         assert (folder / "plots" / png).stat().st_size > 1000
         assert f"](plots/{png})" in text
     assert not (folder / "plots" / "speedup_vs_batch.png").exists()  # one batch size: no speed-vs-batch curve
+    stage_seconds = [s["seconds"] for f in (folder / "runs").glob("*/ablate.json")
+                     for s in json.loads(f.read_text())["stages"].values()]
+    assert len(stage_seconds) >= 8  # four stages of each of the runs
+    assert f"wall time of all stages added up: {report_helpers.duration(sum(stage_seconds))} (every stage of every run)" in text
     terminal = console.export_text()
     assert "Trunk quality per variant" in terminal and "Training cost against NTP" in terminal
     assert (folder / "summary.csv").is_file()

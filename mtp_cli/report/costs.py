@@ -7,6 +7,8 @@ from mtp_cli.report.section import Section
 from mtp_cli.resultset import ResultSet, values
 from mtp_cli.tables import Table
 
+STAGES = ("train", "eval", "specbench")  # the stages whose wall time a run's ablate.json records
+
 
 def cost_section(r: ResultSet) -> Section:
     base = r.baseline
@@ -23,18 +25,18 @@ def cost_section(r: ResultSet) -> Section:
         b_total = mean(base, "params_total") if base else None
         fpt = mean_of(run.run.get("flops_per_token") for run in r.runs if run.variant == v)
         stage_times = {s: mean_of(run.log.get("stages", {}).get(s, {}).get("seconds") for run in r.runs if run.variant == v)
-                       for s in ("train", "eval", "specbench")}
+                       for s in STAGES}
         rows.append([v, whole(mean(v, "params_trunk")), whole(mean(v, "params_mtp")),
                      signed_whole(total - b_total) if total is not None and b_total is not None else "–",
                      num(fpt / 1e6 if fpt else None, 1), num(step, 3) + times_base(step, b_step),
                      num(mean(v, "tokens_per_s"), 0), pct(mean(v, "mfu")),
                      num(mem, 0) + times_base(mem, b_mem),
-                     " / ".join(duration(stage_times[s]) for s in ("train", "eval", "specbench"))])
+                     " / ".join(duration(stage_times[s]) for s in STAGES)])
     kinds = {run.run.get("throughput", {}).get("peak_memory_kind") for run in r.runs} - {None}
     notes = [f"× = ratio to {base}" if base else "no NTP variant to compare against",
              "step time and tokens/s are medians over training steps; FLOPs/token counts training (3× forward; "
              "a frozen trunk, which runs under no-grad, its forward only)",
-             *_flops_recount_notes(r), *_resumed_notes(r),
+             *_flops_recount_notes(r), *_resumed_notes(r), *_total_time_note(r),
              f"peak memory: {', '.join(sorted(kinds)) or 'as recorded'}; each run trains in its own process",
              "compute-matched parallel heads move n−1 layers from the trunk into the heads: same total parameters"]
     table = Table("Training cost against NTP", ["variant", "trunk params", "MTP params", "added vs NTP", "MFLOP/token",
@@ -42,6 +44,17 @@ def cost_section(r: ResultSet) -> Section:
                                                  "wall time train / eval / specbench"], rows, notes)
     return Section("Cost", "", [table])
 
+
+
+def _total_time_note(r: ResultSet) -> list[str]:
+    """The ablation's stages added up: what running the recipe again would take on the same machine."""
+    spent = [s for run in r.runs for stage in run.log.get("stages", {}).values()
+             if isinstance(s := stage.get("seconds"), (int, float))]
+    if not spent:
+        return []
+    before = r.before_seconds
+    parts = "every stage of every run" + (f", and the baseline's evaluation ({duration(before)})" if before else "")
+    return [f"wall time of all stages added up: {duration(sum(spent) + (before or 0))} ({parts})"]
 
 
 def _resumed_notes(r: ResultSet) -> list[str]:
