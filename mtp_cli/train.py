@@ -205,8 +205,9 @@ def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: to
 
 
 def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = False,
-          show_progress: bool = True) -> dict:
-    """Train one run into `out`; returns the run summary (also written to out/run.json). With
+          show_progress: bool = True, data_progress: bool | None = None) -> dict:
+    """Train one run into `out`; returns the run summary (also written to out/run.json). `data_progress`
+    (default: `show_progress`) shows making the data, e.g. a self-distilled corpus, apart from training. With
     train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`).
     Under torchrun, train.parallel = "fsdp" shards the model (mtp_cli/parallel.py) and its checkpoints
     (mtp_cli/sharded_checkpoint.py); "ddp" replicates it."""
@@ -214,7 +215,7 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     source, ddp, device = _check_recipe(recipe)
     out = Path(out)
     do_resume = _on_every_rank(ddp, check_out_dir(out, recipe, resume, force) if ddp.main else False)
-    data = _prepare_data(recipe, ddp, source, show_progress)
+    data = _prepare_data(recipe, ddp, source, show_progress if data_progress is None else data_progress)
     out.mkdir(parents=True, exist_ok=True)  # only once the data is known to be usable: a refusal leaves no folder
     model, optimizer = _build_model(recipe, source, device, ddp)
     start_step, clock_state = 0, None

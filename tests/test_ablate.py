@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from helpers import REPO, ablation_toml, cli_in_process, folder_snapshot
 
 from mtp_cli import ablate, results
@@ -416,3 +418,22 @@ def test_the_specbench_stage_compiles_as_its_recipe_says(tmp_path, monkeypatch, 
     stages.STAGE_FUNCS["specbench"](cell, types.SimpleNamespace(show_nested=False))
     assert seen["rt"].compile is compile_ and seen["cfg"] is cell.recipe.specbench
     assert seen["rt"].device == cell.recipe.train.device
+
+
+def test_the_training_child_logs_making_its_data_only_outside_a_terminal(monkeypatch):
+    """`mtp ablate` trains in a child process whose training the view draws from metrics.jsonl. Making the
+    data (a self-distilled corpus: minutes of generation) writes nothing there, so in a log file the child
+    prints its own plain lines for it; in a terminal it stays quiet under the view's live bars."""
+    import mtp_cli.train
+    from mtp_cli import ui
+    from mtp_cli.config import Recipe
+
+    calls, sent = [], []
+    monkeypatch.setattr(mtp_cli.train, "train", lambda *args, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(stages, "_die_with_parent", lambda: None)
+    pipe = types.SimpleNamespace(send=sent.append)
+    for terminal in (False, True):
+        monkeypatch.setattr(type(ui.console), "is_terminal", property(lambda self, t=terminal: t))
+        stages._train_child(Recipe().to_dict(), "unused", torch.get_num_threads(), pipe)
+    assert sent == [("ok", ""), ("ok", "")]
+    assert [(c["show_progress"], c["data_progress"]) for c in calls] == [(False, True), (False, False)]

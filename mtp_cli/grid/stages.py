@@ -120,7 +120,10 @@ def _train_child(recipe_dict: dict, run_dir: str, threads: int, send) -> None:
 
         torch.set_num_threads(threads)  # the ablation's own setting, not the library default
 
-        train_run(recipe_from_dict(recipe_dict), run_dir, resume=True, show_progress=False)
+        # the ablation's view draws training from metrics.jsonl; making the data (minutes of self-distilled
+        # text) writes nothing there, so in a log the child prints its own plain lines for it
+        train_run(recipe_from_dict(recipe_dict), run_dir, resume=True, show_progress=False,
+                  data_progress=not ui.console.is_terminal)
         send.send(("ok", ""))
     except UserError as exc:
         send.send(("user_error", str(exc)))
