@@ -207,7 +207,11 @@ def _add_noise_floor_variant(folder: Path, name: str, init_offset: int = 0, data
 def test_noise_floor_variants_are_measured_like_a_variant_and_named_by_what_they_vary(synth):
     _add_noise_floor_variant(synth, "ntp-init", init_offset=1000)
     _add_noise_floor_variant(synth, "ntp-data", data_offset=7)
+    lock = json.loads((synth / "recipe.lock.json").read_text())
+    lock["recipe"]["variants"][-1]["specbench"] = {"peers": "none"}  # a variant's own benchmark settings are shown
+    (synth / "recipe.lock.json").write_text(json.dumps(lock))
     text = report.render_report(synth).read_text()
+    assert "| variant ntp-data | specbench: peers=none (data_seed_offset 7) |" in text
     training = _section(text, "## Training evidence", "## Inference evidence")
     assert _row(training, "noise floor (init only): ntp-init − ntp")[1:] == [
         "init seed (+1000 on the grid seed)", "every setting, data order", "seeds 0, 1"]

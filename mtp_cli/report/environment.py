@@ -57,7 +57,7 @@ def settings_table(r: ResultSet) -> Table:
     variants = recipe.get("variants") or []
     for v in variants:
         overrides = "; ".join(f"{sec}: " + ", ".join(f"{k}={_plain(val)}" for k, val in v[sec].items())
-                              for sec in ("model", "mtp", "data", "train") if v.get(sec))
+                              for sec in ("model", "mtp", "data", "train", "eval", "specbench") if v.get(sec))
         offsets = ", ".join(f"{k} {v[k]}" for k in ("init_seed_offset", "data_seed_offset") if v.get(k))
         what = (f"{v['description']} ({overrides})" if v.get("description") and overrides
                 else v.get("description") or overrides or "the recipe as is")
