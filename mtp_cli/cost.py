@@ -76,6 +76,7 @@ class Estimator:
                 self.achieved.append(float(tokens_per_s) * float(run.run["flops_per_token"]))
         self._peak: dict[str, float | None] = {}
         self._self_texts: set = set()  # self-distilled corpora an earlier cell of this plan makes
+        self._stored_states: dict[tuple, dict[str, int]] = defaultdict(dict)  # batch key -> {run: batches it stores}
         self._located: dict[tuple, selfdistill.SelfText] = {}
 
     def peak(self, recipe: Recipe) -> tuple[float | None, str]:
@@ -147,10 +148,11 @@ class Estimator:
         fpt, forward_fpt, tokens = training_flops(recipe)
         val_tokens = (recipe.train.steps // recipe.train.eval_every + 1) * recipe.train.eval_batches * tokens
         flops = fpt * tokens * remaining + forward_fpt * val_tokens * remaining / max(recipe.train.steps, 1)
-        reused = stored_trunk_steps(recipe, done)
+        reused, shared = self._reused_trunk_steps(cell, done)
         if reused:
             flops -= trunk_forward_flops_per_token(_meta_model(recipe), recipe.model.context) * tokens * reused
-        how = f"; the trunk's forward on {remaining - reused} of {remaining} steps (stored states)" if reused else ""
+        how = (f"; the trunk's forward on {remaining - reused} of {remaining} steps (stored states"
+               f"{', some stored by an earlier run of this plan' if shared else ''})") if reused else ""
         if self.achieved:
             rate = statistics.median(self.achieved)
             return Estimate(flops / rate, f"{flops / 1e12:.3g} TFLOP / {rate / 1e9:.0f} GFLOP/s "
@@ -161,6 +163,26 @@ class Estimator:
             return Estimate(None, f"{flops / 1e15:.3g} PFLOP; no {device} here to measure its peak{how}")
         return Estimate(flops / (peak * mfu),
                         f"{flops / 1e12:.3g} TFLOP / {peak / 1e9:.0f} GFLOP/s / MFU {mfu:.0%} (assumed){how}")
+
+    def _reused_trunk_steps(self, cell, done: int) -> tuple[int, bool]:
+        """(steps left that read stored trunk states, whether an earlier run of this plan stored some): the
+        run's own passes after the first over train.distinct_batches, and the batches an earlier cell with the
+        same frozen trunk and batches stores first (`trunk_cache`'s key: the data, context, batch size, data
+        order). The cell's own batches are noted for the cells after it."""
+        recipe = cell.recipe
+        t = recipe.train
+        own = stored_trunk_steps(recipe, done)
+        if not (t.freeze_trunk and t.trunk_cache):
+            return own, False
+        key = (t.init_from, repr(recipe.data), recipe.model.context, t.batch_size, t.order_seed, t.grad_accum, t.device)
+        first_pass = min(t.steps, t.distinct_batches or t.steps)  # the batches this run draws
+        stores = self._stored_states[key]  # in the order the plan's cells were first estimated
+        stores.setdefault(str(cell.run_dir), first_pass)
+        before = list(stores)[:list(stores).index(str(cell.run_dir))]
+        earlier = max((stores[run] for run in before), default=0)
+        fresh = max(first_pass - max(done, earlier), 0)
+        remaining = max(t.steps - done, 0)
+        return remaining - fresh, fresh < max(first_pass - done, 0)
 
     def _borrowed(self, cell, stage: str) -> Estimate:
         mine = self.stage_times.get((cell.variant.name, stage))

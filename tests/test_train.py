@@ -511,6 +511,19 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only(tmp_path):
     estimate = est._train(cell)
     assert estimate.seconds == pytest.approx(stored / (1e11 * cost.ASSUMED_MFU["cpu"]), rel=1e-12)
     assert "the trunk's forward on 4 of 10 steps" in estimate.basis
+    # a later run of the same plan with the same frozen trunk and batches reads the states the first stored
+    # (trunk_cache's key); estimating the first again does not count the later one's
+    later = type("Cell", (), {"recipe": recipe, "run_dir": tmp_path / "later"})()
+    shared = est._train(later)
+    no_trunk = every_step - trunk_fwd * recipe.train.batch_size * T * 10
+    assert shared.seconds == pytest.approx(no_trunk / (1e11 * cost.ASSUMED_MFU["cpu"]), rel=1e-12)
+    assert "the trunk's forward on 0 of 10 steps (stored states, some stored by an earlier run of this plan)" \
+        in shared.basis
+    assert est._train(cell).seconds == estimate.seconds
+    recipe.train.data_seed = 7  # another data order: other batches, nothing shared
+    other = type("Cell", (), {"recipe": recipe, "run_dir": tmp_path / "other"})()
+    assert est._train(other).seconds == pytest.approx(estimate.seconds, rel=1e-12)
+    recipe.train.data_seed = None
     recipe.train.trunk_cache = False
     assert est._train(cell).seconds == pytest.approx(every_step / (1e11 * cost.ASSUMED_MFU["cpu"]), rel=1e-12)
 
