@@ -64,7 +64,7 @@ def training_flops(recipe: Recipe) -> tuple[float, float, int]:
 class Estimator:
     """Estimates for every (cell, stage) of one ablation, from what its results folder measured."""
 
-    def __init__(self, results_dir, recipe: Recipe):
+    def __init__(self, results_dir, recipe: Recipe, cells=()):
         self.stage_times: dict[tuple[str, str], list[float]] = defaultdict(list)  # (variant, stage) -> seconds
         self.achieved: list[float] = []  # FLOP/s the runs in this folder reached (no peak needed)
         for run in results.run_folders(results_dir):
@@ -78,6 +78,8 @@ class Estimator:
         self._self_texts: set = set()  # self-distilled corpora an earlier cell of this plan makes
         self._stored_states: dict[tuple, dict[str, int]] = defaultdict(dict)  # batch key -> {run: batches it stores}
         self._located: dict[tuple, selfdistill.SelfText] = {}
+        for cell in cells:  # the whole plan in order, done or not: a finished run's states are on disk
+            self._stores_states(cell)
 
     def peak(self, recipe: Recipe) -> tuple[float | None, str]:
         device = recipe.train.device
@@ -169,20 +171,27 @@ class Estimator:
         run's own passes after the first over train.distinct_batches, and the batches an earlier cell with the
         same frozen trunk and batches stores first (`trunk_cache`'s key: the data, context, batch size, data
         order). The cell's own batches are noted for the cells after it."""
-        recipe = cell.recipe
-        t = recipe.train
-        own = stored_trunk_steps(recipe, done)
-        if not (t.freeze_trunk and t.trunk_cache):
-            return own, False
-        key = (t.init_from, repr(recipe.data), recipe.model.context, t.batch_size, t.order_seed, t.grad_accum, t.device)
-        first_pass = min(t.steps, t.distinct_batches or t.steps)  # the batches this run draws
-        stores = self._stored_states[key]  # in the order the plan's cells were first estimated
-        stores.setdefault(str(cell.run_dir), first_pass)
+        key = self._stores_states(cell)
+        if key is None:
+            return stored_trunk_steps(cell.recipe, done), False
+        t = cell.recipe.train
+        stores = self._stored_states[key]
+        first_pass = stores[str(cell.run_dir)]
         before = list(stores)[:list(stores).index(str(cell.run_dir))]
         earlier = max((stores[run] for run in before), default=0)
         fresh = max(first_pass - max(done, earlier), 0)
-        remaining = max(t.steps - done, 0)
-        return remaining - fresh, fresh < max(first_pass - done, 0)
+        return max(t.steps - done, 0) - fresh, fresh < max(first_pass - done, 0)
+
+    def _stores_states(self, cell) -> tuple | None:
+        """Note (once, in plan order) how many batches a frozen, cached trunk's run stores states for; its
+        batch key, or None for a run that stores none."""
+        recipe = cell.recipe
+        t = recipe.train
+        if not (t.freeze_trunk and t.trunk_cache):
+            return None
+        key = (t.init_from, repr(recipe.data), recipe.model.context, t.batch_size, t.order_seed, t.grad_accum, t.device)
+        self._stored_states[key].setdefault(str(cell.run_dir), min(t.steps, t.distinct_batches or t.steps))
+        return key
 
     def _borrowed(self, cell, stage: str) -> Estimate:
         mine = self.stage_times.get((cell.variant.name, stage))

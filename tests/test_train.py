@@ -520,6 +520,10 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only(tmp_path):
     assert "the trunk's forward on 0 of 10 steps (stored states, some stored by an earlier run of this plan)" \
         in shared.basis
     assert est._train(cell).seconds == estimate.seconds
+    # the plan's cells in order, the first already trained (never estimated): its states are on disk
+    planned = cost.Estimator(tmp_path, recipe, [cell, later])
+    assert planned._train(later).seconds == pytest.approx(shared.seconds, rel=1e-12)
+    assert cost.Estimator(tmp_path, recipe, [later, cell])._train(later).seconds == pytest.approx(estimate.seconds)
     recipe.train.data_seed = 7  # another data order: other batches, nothing shared
     other = type("Cell", (), {"recipe": recipe, "run_dir": tmp_path / "other"})()
     assert est._train(other).seconds == pytest.approx(estimate.seconds, rel=1e-12)

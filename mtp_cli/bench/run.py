@@ -140,7 +140,7 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
         raise UserError(f"specbench.draft_width {width} verifies candidates for one draft, but k = {k}; "
                         "use --draft-len 1")
     hf = hf_model(run) if cfg.peers != "none" else None
-    hf_draft = hf_model(draft) if draft is not None else None
+    hf_draft = hf_model(draft) if draft is not None and hf is not None else None
     def peers_left_out(c: Condition) -> str | None:
         return None if cfg.peers == "all" or (cfg.peers == "primary" and c.name == primary) else cfg.peers
 

@@ -22,7 +22,7 @@ SAMPLED_SKIP = "measured at temperature 0 only, to keep the benchmark's cost dow
 
 
 PEERS_SKIP = {"primary": "peers timed in the primary condition only (--peers primary)",
-              "none": "peers not timed (--peers none): they run the trunk alone, as in the run they were timed with"}
+              "none": "peers not timed (--peers none): they run the trunk alone, the same for every drafter of one trunk"}
 
 
 SAMPLE_SEED = 0

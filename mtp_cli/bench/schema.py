@@ -33,7 +33,7 @@ def header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) ->
     no_mtp = None
     if not k:
         no_mtp = (f"objective {model.objective!r} trains no MTP modules, so there is nothing to draft with: "
-                  "only the baseline and the Hugging Face peers are measured")
+                  "only the baseline and any Hugging Face peers are measured")
     return {
         "schema": SPEC_SCHEMA, "run": str(run.run_dir), "step": run.step, "objective": model.objective,
         "depth": model.mtp_cfg.depth if model.objective == "sequential" else None,

@@ -115,7 +115,7 @@ def preflight(ab: Ablation) -> None:
 
 def plan_table(ab: Ablation):
     """A table: every cell, the stages it still needs, and what they should cost."""
-    est = Estimator(ab.results_dir, ab.recipe)
+    est = Estimator(ab.results_dir, ab.recipe, ab.cells)
     rows = []
     total, unknown = 0.0, 0
     for cell in ab.cells:

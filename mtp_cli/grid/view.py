@@ -39,7 +39,7 @@ class GridView:
             self._estimate()
 
     def _estimate(self) -> None:
-        est = Estimator(self.ab.results_dir, self.ab.recipe)
+        est = Estimator(self.ab.results_dir, self.ab.recipe, self.ab.cells)
         self.estimates = {(cell.name, stage): est.stage(cell, stage).seconds for cell, stage in self.stages_left}
         self.show_eta()
 

@@ -47,7 +47,8 @@ def cost_section(r: ResultSet) -> Section:
 
 
 def _total_time_note(r: ResultSet) -> list[str]:
-    """The ablation's stages added up: what running the recipe again would take on the same machine."""
+    """Every run's recorded stages (export included) and the baseline's evaluation added up: about what
+    running the grid again takes on the same machine (a [source] stage's own training is not counted)."""
     spent = [s for run in r.runs for stage in run.log.get("stages", {}).values()
              if isinstance(s := stage.get("seconds"), (int, float))]
     if not spent:

@@ -71,6 +71,8 @@ def _plain(value) -> str:
     """A recipe value as a reader writes it: lists joined by commas, no quotes or brackets."""
     if isinstance(value, (list, tuple)):
         return ", ".join(_plain(x) for x in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items())
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
