@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mtp_cli import env, results, selfdistill
+from mtp_cli import env, results, selfdistill, trunk_cache
 from mtp_cli.config import Recipe
 from mtp_cli.data import shards
 from mtp_cli.errors import UserError
@@ -32,15 +32,6 @@ GENERATION_UTILISATION = 0.3  # HF generate, fp32 on the CPU in batches of 64: S
 class Estimate:
     seconds: float | None
     basis: str
-
-
-def stored_trunk_steps(recipe: Recipe, done: int) -> int:
-    """Of the steps left after `done`, how many read trunk states this run stores itself: with a frozen,
-    cached trunk and train.distinct_batches = N, every step after the first N draws a batch seen before."""
-    t = recipe.train
-    if not (t.freeze_trunk and t.trunk_cache and t.distinct_batches):
-        return 0
-    return max(t.steps - max(done, t.distinct_batches), 0)
 
 
 def _meta_model(recipe: Recipe) -> MTPModel:
@@ -173,14 +164,13 @@ class Estimator:
         order). The cell's own batches are noted for the cells after it."""
         key = self._stores_states(cell)
         if key is None:
-            return stored_trunk_steps(cell.recipe, done), False
-        t = cell.recipe.train
-        stores = self._stored_states[key]
-        first_pass = stores[str(cell.run_dir)]
-        before = list(stores)[:list(stores).index(str(cell.run_dir))]
-        earlier = max((stores[run] for run in before), default=0)
+            return 0, False
+        runs = list(self._stored_states[key].items())  # in plan order
+        mine = [run for run, _ in runs].index(str(cell.run_dir))
+        first_pass = runs[mine][1]
+        earlier = max((n for _, n in runs[:mine]), default=0)
         fresh = max(first_pass - max(done, earlier), 0)
-        return max(t.steps - done, 0) - fresh, fresh < max(first_pass - done, 0)
+        return max(cell.recipe.train.steps - done, 0) - fresh, fresh < max(first_pass - done, 0)
 
     def _stores_states(self, cell) -> tuple | None:
         """Note (once, in plan order) how many batches a frozen, cached trunk's run stores states for; its
@@ -189,7 +179,7 @@ class Estimator:
         t = recipe.train
         if not (t.freeze_trunk and t.trunk_cache):
             return None
-        key = (t.init_from, repr(recipe.data), recipe.model.context, t.batch_size, t.order_seed, t.grad_accum, t.device)
+        key = (t.init_from, repr(recipe.data), t.device, *trunk_cache.batch_settings(recipe).values())
         self._stored_states[key].setdefault(str(cell.run_dir), min(t.steps, t.distinct_batches or t.steps))
         return key
 

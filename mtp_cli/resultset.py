@@ -116,11 +116,15 @@ class ResultSet:
 
     # ---- the source checkpoint before training (recipes that start from one) ------------------------
     @property
+    def _before_eval(self) -> dict:
+        return results.RunFolder(results.baseline_json(self.dir).parent).eval
+
+    @property
     def before_source(self) -> str | None:
         """What the "before" row evaluated: the checkpoint `mtp eval --hf` read."""
         if self.before is None:
             return None
-        doc = results.RunFolder(results.baseline_json(self.dir).parent).eval
+        doc = self._before_eval
         return (doc.get("hf") or {}).get("source") or doc.get("export") or doc.get("run")
 
     @property
@@ -128,7 +132,7 @@ class ResultSet:
         """Wall seconds the "before" row's evaluation took (baseline/eval.json's per-task seconds)."""
         if self.before is None:
             return None
-        spent = (results.RunFolder(results.baseline_json(self.dir).parent).eval.get("seconds") or {}).values()
+        spent = (self._before_eval.get("seconds") or {}).values()
         spent = [s for s in spent if isinstance(s, (int, float))]
         return sum(spent) if spent else None
 

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mtp_cli import checkpoint as ckpt
-from mtp_cli import corpus, env, parallel, run_clock, sharded_checkpoint, tracking, ui
+from mtp_cli import corpus, env, parallel, run_clock, sharded_checkpoint, tracking, trunk_cache, ui
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
@@ -338,8 +338,7 @@ class _Training:
         self.trunk_states = None
         if t.freeze_trunk and t.trunk_cache and not self.fsdp:
             self.trunk_states = TrunkStateCache(shards.cache_root(recipe.data), model, {
-                "data": data.key, "context": recipe.model.context, "batch_size": t.batch_size,
-                "order_seed": t.order_seed, "grad_accum": t.grad_accum, "rank": ddp.rank, "world": ddp.world,
+                "data": data.key, **trunk_cache.batch_settings(recipe), "rank": ddp.rank, "world": ddp.world,
                 "device": device.type, "dtype": str(self.amp_dtype or torch.float32)})
         if ddp.world > 1 and not self.fsdp:
             self.forward_model = DDP(model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)

@@ -23,6 +23,13 @@ from mtp_cli.files import replacing
 from mtp_cli.model.mtp import FrozenTrunk, MTPModel
 
 
+def batch_settings(recipe) -> dict:
+    """The recipe's settings that decide a run's batches beside its token data (part of the cache key)."""
+    t = recipe.train
+    return {"context": recipe.model.context, "batch_size": t.batch_size, "order_seed": t.order_seed,
+            "grad_accum": t.grad_accum}
+
+
 def weights_sha256(module: torch.nn.Module) -> str:
     """A hash of a module's parameters and buffers: names, shapes, dtypes and bytes."""
     h = hashlib.sha256()

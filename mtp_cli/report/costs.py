@@ -7,7 +7,7 @@ from mtp_cli.report.section import Section
 from mtp_cli.resultset import ResultSet, values
 from mtp_cli.tables import Table
 
-STAGES = ("train", "eval", "specbench")  # the stages whose wall time a run's ablate.json records
+TABLE_STAGES = ("train", "eval", "specbench")  # the wall-time column's stages (export, seconds, only in the total)
 
 
 def cost_section(r: ResultSet) -> Section:
@@ -25,13 +25,13 @@ def cost_section(r: ResultSet) -> Section:
         b_total = mean(base, "params_total") if base else None
         fpt = mean_of(run.run.get("flops_per_token") for run in r.runs if run.variant == v)
         stage_times = {s: mean_of(run.log.get("stages", {}).get(s, {}).get("seconds") for run in r.runs if run.variant == v)
-                       for s in STAGES}
+                       for s in TABLE_STAGES}
         rows.append([v, whole(mean(v, "params_trunk")), whole(mean(v, "params_mtp")),
                      signed_whole(total - b_total) if total is not None and b_total is not None else "–",
                      num(fpt / 1e6 if fpt else None, 1), num(step, 3) + times_base(step, b_step),
                      num(mean(v, "tokens_per_s"), 0), pct(mean(v, "mfu")),
                      num(mem, 0) + times_base(mem, b_mem),
-                     " / ".join(duration(stage_times[s]) for s in STAGES)])
+                     " / ".join(duration(stage_times[s]) for s in TABLE_STAGES)])
     kinds = {run.run.get("throughput", {}).get("peak_memory_kind") for run in r.runs} - {None}
     notes = [f"× = ratio to {base}" if base else "no NTP variant to compare against",
              "step time and tokens/s are medians over training steps; FLOPs/token counts training (3× forward; "
