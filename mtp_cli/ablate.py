@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mtp_cli import outputs, paths, results, ui
 from mtp_cli.dist import dist_info
-from mtp_cli.errors import UserError
+from mtp_cli.errors import Stop, Terminated, UserError
 from mtp_cli.grid import lock, plan, stages
 from mtp_cli.grid import source as source_stage
 from mtp_cli.grid.cells import Ablation
@@ -75,11 +75,13 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
                         break
                 if rank == 0:
                     results.write_summary(ab.results_dir)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as exc:
         if rank == 0:
             results.write_summary(ab.results_dir)
-            ui.console.print(f"interrupted: run `{ab.resume_command}` again to resume (finished stages are kept)",
+            what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            ui.console.print(f"{what}: run `{ab.resume_command}` again to resume (finished stages are kept)",
                              markup=False, soft_wrap=True)
+            Stop.said = True
         raise
     if rank == 0 and world == 1 and results.BASELINE in ab.extra_stages:
         source_stage.run_baseline(ab, show_progress)

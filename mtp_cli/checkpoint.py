@@ -23,17 +23,21 @@ from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
 from mtp_cli.files import replacing
 from mtp_cli.model import MTPModel
-from mtp_cli.run_files import CHECKPOINT, METRICS, RUN_JSON, TOKENIZER
+from mtp_cli.run_files import CHECKPOINT, METRICS, RUN_JSON, TOKENIZER, TRAIN_LOCK  # noqa: F401 (TRAIN_LOCK: ckpt.TRAIN_LOCK)
 
 __all__ = ["CHECKPOINT", "METRICS", "RUN_JSON", "TOKENIZER"]  # the run-folder names, for its readers
 
 
 
 def read_json(path: Path) -> dict:
+    """A run's JSON file as an object; anything else (unreadable, not JSON, a list) is a one-line error."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a JSON object (found {type(data).__name__}): the file is damaged")
+    return data
 
 
 def save_checkpoint(run_dir: Path, model: MTPModel, optimizer: torch.optim.Optimizer | None, step: int,

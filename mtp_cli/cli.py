@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 import typer
 
 from mtp_cli import ui
-from mtp_cli.errors import UserError
+from mtp_cli.errors import Stop, Terminated, UserError, raise_terminated
 from mtp_cli.paths import RESULTS_ROOT
 
 # Decoding one sequence is many small ops: a second OpenMP thread gains little on idle cores and, when another
@@ -458,18 +459,24 @@ def _int_list(text: str, flag: str) -> list[int]:
 def main() -> None:
     from rich.markup import escape  # messages carry user paths: "[...]" in them is text, not markup
 
+    signal.signal(signal.SIGTERM, raise_terminated)  # SIGTERM as Ctrl-C: the same clean-up, exit 143
     try:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:  # without standalone mode typer *returns* typer.Exit(n)'s code (Ctrl-C: 130)
+            if code == 130 and not Stop.said:
+                ui.console.print("interrupted")
             sys.exit(code)
     except UserError as exc:
         ui.console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except typer.Abort:
-        ui.console.print("aborted")
+    except (typer.Abort, KeyboardInterrupt):
+        if not Stop.said:
+            ui.console.print("interrupted")
         sys.exit(130)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except Terminated:
+        if not Stop.said:
+            ui.console.print("terminated (SIGTERM)")
+        sys.exit(143)
     except Exception as exc:
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # typer's (vendored click) usage errors
             ctx = getattr(exc, "ctx", None)

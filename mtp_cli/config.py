@@ -67,6 +67,10 @@ class ModelConfig:
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "ffn_hidden", "context"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise UserError(f"model.{name} must be a finite number > 0, got {value}")
         if self.d_model % self.n_heads:
             raise UserError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         if self.head_dim % 2:
@@ -217,7 +221,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # the largest gradient norm kept (0: no clipping)
     seed: int = 0  # the initialisation (torch.manual_seed before the model is built)
     data_seed: int | None = None  # the order of training batches; None = `seed` (runs before it existed)
     log_every: int = 1
@@ -253,6 +257,21 @@ class TrainConfig:
                 raise UserError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise UserError(f"train.lr must be a finite number > 0, got {self.lr}")
+        if not (math.isfinite(self.grad_clip) and self.grad_clip >= 0):
+            raise UserError(f"train.grad_clip must be a finite number >= 0 (0: no clipping), got {self.grad_clip}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise UserError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise UserError(f"train.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise UserError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not 0.0 <= self.decay_fraction <= 1.0:
+            raise UserError(f"train.decay_fraction must be in [0, 1], got {self.decay_fraction}")
+        if not 0 <= self.seed < 2**63 or (self.data_seed is not None and self.data_seed >= 2**63):
+            raise UserError(f"train.seed and train.data_seed must be in [0, 2**63), got {self.seed} and {self.data_seed}")
+        if self.steps > 10**9:
+            raise UserError(f"train.steps must be at most 10**9, got {self.steps}")
         if self.warmup < 0:
             raise UserError(f"train.warmup must be >= 0, got {self.warmup}")
         if self.schedule not in SCHEDULES:
@@ -534,6 +553,9 @@ class Recipe:
             raise UserError("recipe.seeds must list at least one seed")
         if len(set(self.seeds)) != len(self.seeds):
             raise UserError(f"recipe.seeds lists a seed twice: {self.seeds}")
+        big = [s for s in self.seeds if not 0 <= s < 2**63]
+        if big:
+            raise UserError(f"recipe.seeds (--seeds) must be in [0, 2**63), got {big[0]}")
         self.eval.validate()
         self.specbench.validate()
         self.launcher.validate()

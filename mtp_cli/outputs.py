@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from mtp_cli.errors import UserError
-from mtp_cli.run_files import EXPORT_INFO, RUN_JSON
+from mtp_cli.run_files import EVAL_FILE_PATTERNS, EXPORT_INFO, RUN_JSON
 
 SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
 RUN_MARKER = RUN_JSON  # a folder holding it is a run
@@ -46,26 +46,37 @@ def file(path: str | Path, flag: str) -> Path:
 def replaceable_export(out: str | Path, source_run: str | Path, force: bool = False) -> Path:
     """`mtp export --out`: a new folder, an empty one, or an earlier export may be replaced. A folder holding
     anything else is refused; `force` allows one that holds other files, but never a folder holding a run
-    (at any depth) or one the source run lives in."""
+    or an evaluation's files (eval JSON, samples, windows; at any depth), one the source run lives in, or
+    one inside the run (its tokenizer, say)."""
     out = folder(out, "--out")
     target, source = _resolved(out), _resolved(Path(source_run))
     if target == source or target in source.parents:
         raise UserError(f"--out {out}: the run {source_run} lives in it; choose a folder outside the run's parents")
-    if not target.is_dir() or (target / EXPORT_MARKER).is_file() or not any(target.iterdir()):
+    if source in target.parents and target != source / "export":
+        raise UserError(f"--out {out}: is inside the run {source_run}; only its own export folder "
+                        f"({source / 'export'}) is written there")
+    if not target.is_dir() or not any(target.iterdir()):
         return out
-    run = next((p.parent for p in _runs_below(target)), None)
-    if run is not None:
-        held = "is a run" if run == target else f"holds the run {run}"
-        raise UserError(f"--out {out}: {held}; an export replaces only an earlier export or an empty folder")
+    kept = next(_results_below(target), None)
+    if kept is not None:
+        held = ("is a run" if kept.name == RUN_MARKER and kept.parent == target else f"holds {kept.relative_to(target)}")
+        raise UserError(f"--out {out}: {held}, which an export never replaces; choose a new or empty folder "
+                        "(or an earlier export)")
+    if (target / EXPORT_MARKER).is_file():
+        return out
     if not force:
         raise UserError(f"--out {out}: holds files that are not an export; choose a new or empty folder "
                         f"(or pass --force to replace it)")
     return out
 
 
-def _runs_below(folder_: Path, depth: int = 4):
+def _results_below(folder_: Path, depth: int = 4):
+    """The files below `folder_` that a replacement must never delete: runs' run.json and evaluations'
+    files (EVAL_FILE_PATTERNS)."""
     if (folder_ / RUN_MARKER).is_file():
         yield folder_ / RUN_MARKER
+    for pattern in EVAL_FILE_PATTERNS:
+        yield from sorted(folder_.glob(pattern))
     if depth == 0:
         return
     try:
@@ -73,7 +84,7 @@ def _runs_below(folder_: Path, depth: int = 4):
     except OSError:
         return
     for child in children:
-        yield from _runs_below(child, depth - 1)
+        yield from _results_below(child, depth - 1)
 
 
 def _resolved(path: Path) -> Path:

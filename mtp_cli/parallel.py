@@ -61,7 +61,8 @@ def clip_grad_norm(parameters, max_norm: float) -> float:
     total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
     if isinstance(total, DTensor):
         total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    if max_norm > 0:  # 0: no clipping (train.grad_clip), the norm is still reported
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return float(total)
 
 

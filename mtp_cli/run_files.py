@@ -4,6 +4,7 @@ from here (a run folder is what `mtp train` makes and `mtp eval`, `mtp specbench
 RUN_JSON = "run.json"  # the run's recipe, step and counters: a folder holding it is a run
 CHECKPOINT = "checkpoint.pt"
 SHARDED = "sharded"  # an FSDP run's distributed checkpoint (DCP), beside or instead of checkpoint.pt
+TRAIN_LOCK = "train.lock"  # held (flock) by the one `mtp train` writing the run; holds its pid
 METRICS = "metrics.jsonl"  # one line per logged training step and validation check
 TOKENIZER = "tokenizer"
 EXPORT = "export"  # the trunk as a Hugging Face checkpoint (MTP modules discarded)
@@ -13,3 +14,5 @@ LM_EVAL_JSON = "eval_lm_eval.json"  # `mtp eval --hf SOURCE --harness lm-eval`: 
 SPEC_JSON = "specbench.json"
 ABLATE_JSON = "ablate.json"  # `mtp ablate`'s record of the cell's stages
 ABLATE_LOG = "ablate.log"  # a run's stage failures, with their tracebacks
+# An evaluation's files (samples_path: <json stem>_<task>_<kind>.jsonl): what `mtp export --out --force` never deletes
+EVAL_FILE_PATTERNS = ("eval*.json", SPEC_JSON, "*_samples.jsonl", "*_windows.jsonl", "*_gold.jsonl")

@@ -10,8 +10,10 @@ train.data_seed the batch order (unset: train.seed, as before the two were apart
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
+import os
 import shutil
 import signal
 import threading
@@ -31,7 +33,7 @@ from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode.draft_vocab import count_tokens, top_tokens
 from mtp_cli.dist import DistInfo, dist_info
-from mtp_cli.errors import UserError
+from mtp_cli.errors import Stop, Terminated, UserError
 from mtp_cli.evals import heldout
 from mtp_cli.files import atomic_write_text, write_json
 from mtp_cli.model import MTPModel, parallel_backward, pretrained
@@ -73,10 +75,13 @@ def init_distributed(device_name: str) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), info.local_rank)
 
 
-def check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool:
-    """Validate the output folder; returns True when a checkpoint should be resumed."""
+def check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool, restart_without_checkpoint: bool = False) -> bool:
+    """Validate the output folder; returns True when a checkpoint should be resumed. A run to resume that
+    has no checkpoint is refused, unless `restart_without_checkpoint` (the grid's cells: one killed
+    before its first checkpoint starts again from step 0, which draws the same batches)."""
     run_json = out / ckpt.RUN_JSON
-    if not out.exists() or not any(p.name != "jobs.json" for p in out.iterdir()):  # jobs.json: mtp_cli.launch
+    bookkeeping = ("jobs.json", ckpt.TRAIN_LOCK)  # jobs.json: mtp_cli.launch
+    if not out.exists() or not any(p.name not in bookkeeping for p in out.iterdir()):
         return False
     if not run_json.is_file() and not force:
         raise UserError(f"output folder {out} is not empty and holds no run; choose another --out or pass --force")
@@ -105,7 +110,12 @@ def check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool) -> bool:
         if was != now:
             raise UserError(f"output folder {out} holds a different run ({_setting_diff(section, was, now)}); "
                             f"to continue it, give only the flags it was trained with (or none), or use another --out")
-    return ckpt.has_checkpoint(out)
+    if not ckpt.has_checkpoint(out):
+        if restart_without_checkpoint:
+            return False
+        raise UserError(f"--resume: {out} holds no checkpoint ({ckpt.CHECKPOINT}) to continue from, so it cannot be "
+                        "resumed exactly; pass --force to train it again from the start")
+    return True
 
 
 def _effective_data_seed(train: dict) -> dict:
@@ -122,24 +132,61 @@ def _setting_diff(section: str, was: dict, now: dict) -> str:
 
 @contextlib.contextmanager
 def _interrupt_between_steps(stop: dict):
-    """Ctrl-C (SIGINT) during a step is held until the step is applied and logged, so the checkpoint
+    """Ctrl-C (SIGINT) or SIGTERM during a step is held until the step is applied and logged, so the checkpoint
     saved on interrupt is the state after a whole step and metrics.jsonl has every row up to it. A
     second Ctrl-C interrupts at once (`stop["hard"]`: nothing is saved, the last periodic checkpoint stays)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def on_sigint(signum, frame):
-        if stop["requested"]:
+    def on_signal(signum, frame):
+        if stop["requested"] and signum == signal.SIGINT:
             stop["hard"] = True
             raise KeyboardInterrupt
-        stop["requested"] = True
+        if not stop["requested"]:  # a SIGTERM again (one from the grid's parent, one from Slurm) changes nothing
+            stop["requested"], stop["signal"] = True, signum
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path, main: bool):
+    """Hold `out/train.lock` (an flock, with our pid in it) while training into `out`: a second `mtp train`
+    into the same folder is refused in one line, naming the holder. The folder is made to hold it; the
+    lock file (and a folder this call made, if nothing else is in it) is removed again on the way out."""
+    if not main:
+        yield
+        return
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ckpt.TRAIN_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        fd = os.open(path, os.O_RDWR)
+    ours = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise UserError(f"{out} is being trained by another process (pid {holder}, {path.name}); wait for it "
+                            "to end or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        ours = True  # held: the file is ours to remove, a stale one of a process that died included
+        yield
+    finally:
+        if ours:
+            path.unlink(missing_ok=True)  # while still holding it
+            if created and not any(out.iterdir()):
+                out.rmdir()
+        os.close(fd)
 
 
 def _check_data_size(data: shards.TokenData, context: int) -> None:
@@ -205,7 +252,8 @@ def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: to
 
 
 def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = False,
-          show_progress: bool = True, data_progress: bool | None = None) -> dict:
+          show_progress: bool = True, data_progress: bool | None = None,
+          restart_without_checkpoint: bool = False) -> dict:
     """Train one run into `out`; returns the run summary (also written to out/run.json). `data_progress`
     (default: `show_progress`) shows making the data, e.g. a self-distilled corpus, apart from training. With
     train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`).
@@ -214,12 +262,21 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
     segment_t0 = time.perf_counter()
     source, ddp, device = _check_recipe(recipe)
     out = Path(out)
-    do_resume = _on_every_rank(ddp, check_out_dir(out, recipe, resume, force) if ddp.main else False)
-    data = _prepare_data(recipe, ddp, source, show_progress if data_progress is None else data_progress)
-    out.mkdir(parents=True, exist_ok=True)  # only once the data is known to be usable: a refusal leaves no folder
+    with _run_lock(out, ddp.main):  # a refusal leaves no folder that was not there
+        do_resume = _on_every_rank(ddp, check_out_dir(out, recipe, resume, force, restart_without_checkpoint)
+                                   if ddp.main else False)
+        data = _prepare_data(recipe, ddp, source, show_progress if data_progress is None else data_progress)
+        out.mkdir(parents=True, exist_ok=True)
+        return _train_locked(recipe, out, ddp, device, source, data, do_resume, show_progress, segment_t0)
+
+
+def _train_locked(recipe: Recipe, out: Path, ddp: DistInfo, device: torch.device, source, data: shards.TokenData,
+                  do_resume: bool, show_progress: bool, segment_t0: float) -> dict:
+    """`train`'s work once the folder is ours and the data ready: build, resume, loop, finish."""
     model, optimizer = _build_model(recipe, source, device, ddp)
     start_step, clock_state = 0, None
     if do_resume:
+        _check_run_tokenizer(out, data.tokenizer)
         start_step, clock_state, finished = _resume(out, model, optimizer, recipe)
         if finished is not None:
             return finished  # finished already: nothing to train, nothing rewritten (run.json keeps its numbers)
@@ -299,6 +356,22 @@ def _build_model(recipe: Recipe, source, device: torch.device, ddp: DistInfo) ->
     return model, _optimizer(model, recipe)
 
 
+def _check_run_tokenizer(out: Path, tokenizer) -> None:
+    """--resume: the run's own tokenizer folder must be there, load, and be the one its data uses now;
+    a run is never resumed with a rebuilt one."""
+    where = out / ckpt.TOKENIZER
+    if not (where / "tokenizer.json").is_file():
+        raise UserError(f"--resume: {where} is missing, so the run cannot be resumed exactly; pass --force to train "
+                        "it again from the start")
+    try:
+        stored = toklib.load(where)
+    except UserError as exc:
+        raise UserError(f"--resume: {where} is damaged ({exc}); pass --force to train it again from the start") from None
+    if toklib.fingerprint(stored) != toklib.fingerprint(tokenizer):
+        raise UserError(f"--resume: {where} is not the tokenizer this run's data uses now; pass --force to train it "
+                        "again from the start")
+
+
 def _resume(out: Path, model: MTPModel, optimizer, recipe: Recipe) -> tuple[int, dict | None, dict | None]:
     """(the step to continue from, the stored run clock, run.json when the run had already finished)."""
     state, where = _load_state(out, model, optimizer, recipe.train.parallel)
@@ -307,6 +380,11 @@ def _resume(out: Path, model: MTPModel, optimizer, recipe: Recipe) -> tuple[int,
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"checkpoint {where} does not match this run's recipe "
                         f"({type(exc).__name__}: {exc}); delete it or use --force") from None
+    if start_step < 0:
+        raise UserError(f"checkpoint {where} is damaged (step {start_step}); delete it or use --force")
+    if start_step > recipe.train.steps:
+        raise UserError(f"--resume: the run in {out} is at step {start_step}, past train.steps = {recipe.train.steps} "
+                        f"(--steps); give --steps {start_step} or more to continue it")
     stored = ckpt.read_json(out / ckpt.RUN_JSON)
     finished = start_step >= recipe.train.steps and stored.get("status") == "done" and stored.get("step") == start_step
     return start_step, state.get(run_clock.CHECKPOINT_KEY), stored if finished else None
@@ -429,7 +507,7 @@ class _Training:
                 task = bar.add_task(f"train {out.name}", total=t.steps, completed=self.start_step, info="")
                 while step < t.steps:
                     if stop["requested"]:
-                        raise KeyboardInterrupt
+                        raise Terminated() if stop.get("signal") == signal.SIGTERM else KeyboardInterrupt
                     row, losses = self.train_step(step)
                     step += 1
                     rows = [row] if (step % t.log_every == 0 or step == 1 or step == t.steps) else []
@@ -448,10 +526,12 @@ class _Training:
                     info = f"loss {losses['loss_main']:.3f}" + (f" val {last_val['val_loss']:.3f}" if last_val else "")
                     bar.update(task, completed=step, info=info + f" {row['tokens_per_s']:,.0f} tok/s",
                                log=step % t.log_every == 0)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated) as exc:
+            what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
             if ddp.main and ddp.world == 1 and step > self.start_step and not stop["hard"]:
                 self.save(step)
-                ui.console.print(f"interrupted: checkpoint saved at step {step}; continue with --resume")
+                ui.console.print(f"{what}: checkpoint saved at step {step}; continue with --resume")
+                Stop.said = True
             _mark_stopped(out, {**self.summary, **self.clock.summary()}, "interrupted", step, ddp)
             raise
         except UserError:

@@ -1,13 +1,15 @@
-"""Before a release: run every command in README.md's shell blocks, at tiny scale, in a scratch folder.
+"""Before a release: run every command in README.md's shell blocks, at tiny scale, in a fresh clone.
 
 Each `mtp …`, `make …` and `torchrun …` line (and `NAME=value` lines, kept as variables) of every
-```bash block runs in order, in one scratch folder, with the sizes shrunk: recipes are rewritten to a
-tiny model with the same name and variants (so run names match the README's), `--limit`, `--steps`,
-`--repeats`, `--samples`, `--max-new-tokens`, `--batch-sizes` and `--nproc_per_node` are made small,
-`results/` is a copy of the committed one, and `make` runs against the scratch folder. `make test` and
-`make check-readme` are skipped (the first is what CI runs, the second is this script); lines of other
-programs (pip, source, python scripts) only have their script's `--help` run. A command that fails
-stops the check with its output.
+```bash block runs in order, as a new user runs it: in a fresh clone of this repository (its working
+tree's changes applied and committed there), with that clone's code, and with the sizes shrunk: recipes
+are rewritten to a tiny model with the same name and variants (so run names match the README's),
+`--limit`, `--steps`, `--repeats`, `--samples`, `--max-new-tokens`, `--batch-sizes` and
+`--nproc_per_node` are made small, and `make` runs in the clone. After every command the clone's
+`git status` must be clean: no README command may change a tracked file (the committed results among
+them). `make test` and `make check-readme` are skipped (the first is what CI runs, the second is this
+script); lines of other programs (pip, source, python scripts) only have their script's `--help` run. A
+command that fails stops the check with its output.
 
     python scripts/check_readme.py            # every command (minutes)
     python scripts/check_readme.py --parse    # only: each mtp command and flag exists (seconds)
@@ -72,7 +74,7 @@ def tiny_recipe(name: str, folder: Path) -> Path:
                         for v in data.get("variants", [])]
     if not data["variants"]:
         del data["variants"]
-    path = folder / "recipes" / f"{name}.toml"
+    path = folder.parent / "recipes" / f"{name}.toml"  # beside the clone: its recipes/ stay as committed
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_toml(data))
     return path
@@ -171,7 +173,7 @@ def _mtp(args: list[str], scratch: Path, env: dict, parse_only: bool) -> str:
         return "parsed"
     args = shrink(args, scratch)
     if args[:1] == ["ablate"] and "--results-root" not in args:
-        args += ["--results-root", str(scratch / "ablations")]
+        args += ["--results-root", str(scratch.parent / "ablations")]
     if args[:1] in (["eval"],) and "--limit" not in args:
         args += ["--limit", "1"]
     if args[:1] == ["specbench"]:
@@ -183,15 +185,14 @@ def _mtp(args: list[str], scratch: Path, env: dict, parse_only: bool) -> str:
 
 
 def _make(args: list[str], scratch: Path, env: dict) -> str:
-    venv = scratch / "venv"
+    venv = scratch.parent / "venv"
     venv.mkdir(exist_ok=True)
     (venv / ".installed").touch()
     recipe = next((a.partition("=")[2] for a in args if a.startswith("RECIPE=")), "quick")
     args = [a for a in args if not a.startswith("RECIPE=")]
     mtp = f"{sys.executable} -m mtp_cli"
-    return _run(["make", "-C", str(REPO), *args, f"VENV={venv}", f"MTP={mtp}", f"PY={sys.executable}",
-                 f"RECIPE={tiny_recipe(recipe, scratch)}", f"OUT={scratch / 'make-results'}",
-                 f"RESULTS={scratch / 'results'}"], scratch, env)
+    return _run(["make", "-C", str(scratch), *args, f"VENV={venv}", f"MTP={mtp}", f"PY={sys.executable}",
+                 f"RECIPE={tiny_recipe(recipe, scratch)}"], scratch, env)
 
 
 def _run(cmd: list[str], cwd: Path, env: dict) -> str:
@@ -199,7 +200,31 @@ def _run(cmd: list[str], cwd: Path, env: dict) -> str:
     if proc.returncode != 0:
         raise SystemExit(f"README command failed (exit {proc.returncode}): {shlex.join(cmd)}\n"
                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    changed = _git(cwd, "status", "--porcelain")
+    if changed.strip():
+        raise SystemExit(f"README command changed tracked files of a fresh clone: {shlex.join(cmd)}\n{changed}")
     return "ok"
+
+
+def _git(where: Path, *args: str, stdin: bytes | None = None) -> str:
+    return subprocess.run(["git", "-C", str(where), *args], input=stdin, capture_output=True, check=True).stdout.decode()
+
+
+def fresh_clone(into: Path) -> Path:
+    """A clone of this repository with the working tree's changes (tracked and untracked, not ignored)
+    committed in it, so that `git status` there is clean until a command writes a tracked file."""
+    _git(into, "clone", "-q", "--no-hardlinks", str(REPO), "clone")
+    clone = into / "clone"
+    diff = subprocess.run(["git", "-C", str(REPO), "diff", "--binary", "HEAD"], capture_output=True, check=True).stdout
+    if diff:
+        _git(clone, "apply", "--binary", "-", stdin=diff)
+    for name in _git(REPO, "ls-files", "--others", "--exclude-standard").splitlines():
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, clone / name)
+    if _git(clone, "status", "--porcelain").strip():
+        _git(clone, "add", "-A")
+        _git(clone, "-c", "user.name=check_readme", "-c", "user.email=check@readme", "commit", "-qm", "working tree")
+    return clone
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,17 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parse", action="store_true", help="Only check that each mtp command and flag exists.")
     ap.add_argument("--keep", action="store_true", help="Keep the scratch folder.")
     args = ap.parse_args(argv)
-    scratch = Path(tempfile.mkdtemp(prefix="mtp-readme-"))
-    env = {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "MTP_CACHE_DIR": str(scratch / "cache"), "OMP_NUM_THREADS": "1"}
-    if not args.parse:
-        shutil.copytree(REPO / "results", scratch / "results", ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
+    work = Path(tempfile.mkdtemp(prefix="mtp-readme-"))
+    scratch = work if args.parse else fresh_clone(work)
+    env = {"PYTHONPATH": str(scratch) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "MTP_CACHE_DIR": str(work / "cache"), "OMP_NUM_THREADS": "1"}
     try:
         for line in commands(args.readme):
             print(f"{run_line(line, scratch, env, args.parse):<12} {line}", flush=True)
     finally:
-        if not args.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -48,7 +48,7 @@ def runs(tmp_path, micro_run):
 
 @pytest.mark.parametrize("target, pattern", [
     ("notes", r"holds files that are not an export"),
-    ("b", r"is a run; an export replaces only an earlier export"),
+    ("b", r"is a run, which an export never replaces"),
     (".", r"the run .* lives in it"),
 ])
 def test_export_refuses_a_folder_it_would_destroy(runs, target, pattern, capsys):
@@ -67,6 +67,25 @@ def test_export_force_never_replaces_a_run_or_its_parents(runs, capsys):
     code, _, err = cli_in_process("export", runs / "a", "--out", runs / "notes", "--force", capsys=capsys)
     assert code == 0, err
     assert not (runs / "notes" / "notes.txt").exists() and (runs / "notes" / "config.json").is_file()
+
+
+def test_export_force_never_deletes_an_evaluation_or_a_folder_inside_the_run(runs, capsys):
+    """An evaluation's files (eval.json, samples, windows, at any depth) and the run's own tokenizer folder
+    survive `--force`: a one-line refusal, every file unchanged. Control: the same folder without the
+    evaluation's files is replaced."""
+    evaluated = runs / "notes" / "hf"
+    evaluated.mkdir()
+    for name in ("eval.json", "eval_humaneval_samples.jsonl", "eval_heldout_windows.jsonl"):
+        (evaluated / name).write_text("{}")
+    before = folder_snapshot(runs)
+    code, _, err = cli_in_process("export", runs / "a", "--out", runs / "notes", "--force", capsys=capsys)
+    one_line_error(code, err, r"holds hf/eval\.json, which an export never replaces")
+    code, _, err = cli_in_process("export", runs / "a", "--out", runs / "a" / "tokenizer", "--force", capsys=capsys)
+    one_line_error(code, err, r"is inside the run")
+    assert folder_snapshot(runs) == before
+    shutil.rmtree(evaluated)
+    assert cli_in_process("export", runs / "a", "--out", runs / "notes", "--force", capsys=capsys)[0] == 0
+    assert cli_in_process("export", runs / "a", "--out", runs / "a" / "export", capsys=capsys)[0] == 0
 
 
 def test_export_dot_is_one_line_not_a_traceback(runs, capsys, monkeypatch):

@@ -78,6 +78,35 @@ def _write_tokens(path: Path, ids: list[list[int]], eos: int, dtype: np.dtype) -
         del arr
 
 
+def _file_record(path: Path) -> dict:
+    """What a cached shard must still be when it is read again: its size and SHA-256."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _damaged_shards(shard_dir: Path, meta_path: Path) -> str | None:
+    """Why the cache entry cannot be used (a shard missing, truncated or changed, or an entry written
+    before shards were recorded), or None when every shard is as it was written."""
+    try:
+        files = json.loads(meta_path.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return "meta.json unreadable"
+    if not isinstance(files, dict) or set(files) != {"train", "val"}:
+        return "no record of its files"
+    for name, record in files.items():
+        path = shard_dir / f"{name}.bin"
+        if not path.is_file():
+            return f"{path.name} missing"
+        if path.stat().st_size != record.get("bytes"):
+            return f"{path.name}: {path.stat().st_size} bytes, {record.get('bytes')} when written"
+        if _file_record(path)["sha256"] != record.get("sha256"):
+            return f"{path.name}: its contents changed"
+    return None
+
+
 def get_tokenizer(cfg: DataConfig, vocab_size: int, docs: list[str], corpus_key: str) -> PreTrainedTokenizerFast:
     if cfg.tokenizer != "bpe":
         return toklib.load(cfg.tokenizer)
@@ -104,6 +133,11 @@ def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> 
     shard_dir = cache_root(cfg) / "shards" / key
     meta_path = shard_dir / "meta.json"
     dtype = np.uint16 if len(tok) <= 65536 else np.uint32
+    damaged = _damaged_shards(shard_dir, meta_path) if meta_path.is_file() else None
+    if damaged:
+        ui.console.print(f"data: the cached token shards in {shard_dir} do not match their record ({damaged}); "
+                         "rebuilding them", markup=False)
+        meta_path.unlink()
     if not meta_path.is_file():
         ui.console.print(f"data: tokenizing {len(docs):,} documents into token shards", markup=False)
         shard_dir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +149,8 @@ def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> 
             _write_tokens(shard_dir / f"{name}.bin", ids, eos, dtype)
         meta = {"n_docs": len(docs), "n_train_docs": len(train_docs), "n_val_docs": len(val_docs),
                 "n_bytes_val": sum(len(d.encode("utf-8", errors="replace")) for d in val_docs),
-                "dtype": np.dtype(dtype).name}
+                "dtype": np.dtype(dtype).name,
+                "files": {name: _file_record(shard_dir / f"{name}.bin") for name in ("train", "val")}}
         atomic_write_text(meta_path, json.dumps(meta))
     meta = json.loads(meta_path.read_text())
     load = lambda name: np.memmap(shard_dir / f"{name}.bin", dtype=meta["dtype"], mode="r")  # noqa: E731

@@ -7,6 +7,7 @@ evals (HumanEval, the lm-eval model class) and `mtp generate` all go through her
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -69,8 +70,10 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
     rt.validate()
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise UserError(f"need --temperature >= 0 and 0 < --top-p <= 1, got {temperature} and {top_p}")
+    if not (math.isfinite(temperature) and temperature >= 0) or not 0 < top_p <= 1:
+        raise UserError(f"need a finite --temperature >= 0 and 0 < --top-p <= 1, got {temperature} and {top_p}")
+    if not 0 <= seed < 2**63:
+        raise UserError(f"--seed must be in [0, 2**63), got {seed}")
     run = load_run(run_dir, env.use_runtime(rt))
     compile = rt.compile
     ids = encode(run.tokenizer, prompt)

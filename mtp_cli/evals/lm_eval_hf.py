@@ -67,7 +67,7 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
                 json_path: str | Path | None = None) -> dict:
     """Evaluate checkpoint `source` (folder, Hub id, .gguf or short name) on `cfg.tasks` (HumanEval, GSM8K)
     with lm-eval's HFLM at the context `mtp eval --hf` uses; writes and returns the eval JSON document
-    (`harness: "lm-eval hf"`, default `results/hf/<source>/eval_lm_eval.json`)."""
+    (`harness: "lm-eval hf"`, default `runs/hf/<source>/eval_lm_eval.json`)."""
     rt = rt or Runtime()
     cfg.validate()
     rt.validate()

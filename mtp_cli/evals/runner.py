@@ -73,8 +73,9 @@ def write_rows(path: Path, rows) -> str:
 
 
 def hf_json_path(source: str) -> Path:
-    """Where `mtp eval --hf SOURCE` writes by default: results/hf/<source, '/' as '--'>/eval.json."""
-    return Path("results") / "hf" / str(source).strip("/").replace("/", "--") / EVAL_JSON
+    """Where `mtp eval --hf SOURCE` writes by default: runs/hf/<source, '/' as '--'>/eval.json (like every
+    command's default output, under runs/, never the committed results/)."""
+    return Path("runs") / "hf" / str(source).strip("/").replace("/", "--") / EVAL_JSON
 
 
 def hf_run(source: str, recipe=None):

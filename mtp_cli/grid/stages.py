@@ -19,7 +19,7 @@ import torch
 from mtp_cli import paths, results, tracking, ui
 from mtp_cli.config import EvalConfig, Recipe, Runtime, recipe_from_dict
 from mtp_cli.dist import dist_info
-from mtp_cli.errors import UserError
+from mtp_cli.errors import Terminated, UserError
 from mtp_cli.grid.cells import Ablation, Cell
 from mtp_cli.grid.lock import now, record_stage_time
 from mtp_cli.grid.view import GridView
@@ -77,7 +77,7 @@ def train(cell: Cell, view: GridView) -> None:
         from mtp_cli.train import train as train_run  # see `export`
 
         resolve_cell(cell)
-        train_run(cell.recipe, cell.run_dir, resume=True, show_progress=view.show_nested)
+        train_run(cell.recipe, cell.run_dir, resume=True, show_progress=view.show_nested, restart_without_checkpoint=True)
         return
     resolve_cell(cell)  # after the source stage: the checkpoint is there now
     ctx = multiprocessing.get_context("spawn")
@@ -92,6 +92,10 @@ def train(cell: Cell, view: GridView) -> None:
             child.join(0.5)
     except KeyboardInterrupt:
         child.join()  # the same Ctrl-C reached the child, which saves a checkpoint before it exits
+        raise
+    except Terminated:
+        child.terminate()  # a SIGTERM may have come to this process alone (`timeout`): the child saves and exits
+        child.join()
         raise
     finally:
         view.training_done()
@@ -123,11 +127,11 @@ def _train_child(recipe_dict: dict, run_dir: str, threads: int, send) -> None:
         # the ablation's view draws training from metrics.jsonl; making the data (minutes of self-distilled
         # text) writes nothing there, so in a log the child prints its own plain lines for it
         train_run(recipe_from_dict(recipe_dict), run_dir, resume=True, show_progress=False,
-                  data_progress=not ui.console.is_terminal)
+                  data_progress=not ui.console.is_terminal, restart_without_checkpoint=True)
         send.send(("ok", ""))
     except UserError as exc:
         send.send(("user_error", str(exc)))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):
         send.send(("interrupted", ""))
     except BaseException:
         send.send(("error", traceback.format_exc()))
