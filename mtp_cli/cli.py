@@ -187,7 +187,7 @@ def eval_(
         raise UserError(f"--harness must be mtp or lm-eval, got {harness!r}")
     if harness == "lm-eval" and (hf is None or run is not None or text is not None):
         raise UserError("--harness lm-eval evaluates a Hugging Face checkpoint: give --hf SOURCE (no run folder, no --text)")
-    names = parse_tasks(tasks or ("humaneval,gsm8k" if harness == "lm-eval" else "humaneval,gsm8k,heldout"))
+    names = parse_tasks(("humaneval,gsm8k" if harness == "lm-eval" else "humaneval,gsm8k,heldout") if tasks is None else tasks)
     cfg = EvalConfig(tasks=names, limits=parse_limits(limit, names),
                      gsm8k_data=str(paths.gsm8k_data(gsm8k_data) or paths.HUB), gsm8k_fewshot=gsm8k_fewshot,
                      truncate=truncate, samples=samples, temperature=temperature, humaneval_prompt=humaneval_prompt)

@@ -268,8 +268,10 @@ class TrainConfig:
             raise UserError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not 0.0 <= self.decay_fraction <= 1.0:
             raise UserError(f"train.decay_fraction must be in [0, 1], got {self.decay_fraction}")
-        if not 0 <= self.seed < 2**63 or (self.data_seed is not None and self.data_seed >= 2**63):
-            raise UserError(f"train.seed and train.data_seed must be in [0, 2**63), got {self.seed} and {self.data_seed}")
+        for name, flag in (("seed", "--seed"), ("data_seed", "--data-seed")):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 2**63:
+                raise UserError(f"train.{name} ({flag}) must be in [0, 2**63), got {value}")
         if self.steps > 10**9:
             raise UserError(f"train.steps must be at most 10**9, got {self.steps}")
         if self.warmup < 0:
@@ -304,6 +306,8 @@ class EvalConfig:
         return self.limits.get(task) or None
 
     def validate(self) -> None:
+        if not self.tasks:
+            raise UserError(f"eval.tasks (--tasks) is empty; name one or more of {', '.join(EVAL_TASKS)}")
         for task in self.tasks:
             if task not in EVAL_TASKS:
                 raise UserError(f"unknown eval task {task!r} (eval.tasks / --tasks); choose from {', '.join(EVAL_TASKS)}")
@@ -319,8 +323,8 @@ class EvalConfig:
             raise UserError(f"eval.gsm8k_fewshot (--gsm8k-fewshot) must be a whole number >= 0, got {fewshot!r}")
         if not isinstance(self.truncate, bool):
             raise UserError(f"eval.truncate must be true or false, got {self.truncate!r}")
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise UserError(f"--samples must be >= 1, got {self.samples}")
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not 1 <= self.samples <= MAX_SAMPLES:
+            raise UserError(f"--samples must be in [1, {MAX_SAMPLES}] (pass@k papers use up to 200), got {self.samples}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise UserError(f"--temperature must be >= 0, got {self.temperature}")
         if self.humaneval_prompt not in ("raw", "instruct"):
@@ -328,6 +332,8 @@ class EvalConfig:
         if self.samples > 1 and self.temperature <= 0:
             raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
 
+
+MAX_SAMPLES = 1000  # HumanEval completions per problem: 164,000 generations at the most
 
 MAX_DRAFT_CANDIDATES = 6  # draft lengths + tree widths one specbench times: each may compile a fused graph,
 # and dynamo allows 8 per code object (bench/run.py fails rather than time eager code past it)
@@ -697,7 +703,13 @@ def shipped_recipes() -> list[str]:
 
 
 def load_recipe(name_or_path: str | Path = "quick") -> Recipe:
-    return from_dict(Recipe, recipe_data(resolve_recipe_path(name_or_path))).check_grid()
+    path = resolve_recipe_path(name_or_path)
+    data = recipe_data(path)
+    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    if "model" not in data and not train.get("init_from") and "source" not in data:
+        raise UserError(f"recipe {path} has no [model] table, and neither train.init_from nor a [source] gives one: "
+                        "write [model], or start the file with `extends = \"quick\"` to take the quick recipe's tables")
+    return from_dict(Recipe, data).check_grid()
 
 
 def recipe_data(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:

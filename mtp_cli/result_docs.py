@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,25 @@ def write_spec(path: Path, doc: SpecbenchDoc) -> dict:
 
 
 def read_eval(path: Path) -> dict:
-    """eval.json as a dict checked against `EvalDoc` ({} when there is none)."""
-    return _read(path, EvalDoc, EVAL_SCHEMA, "mtp eval RUN")
+    """eval.json as a dict checked against `EvalDoc` ({} when there is none); a figure that is not a
+    finite number (NaN, infinity) is a one-line error naming it, so that no mean quietly leaves it out."""
+    doc = _read(path, EvalDoc, EVAL_SCHEMA, "mtp eval RUN")
+    bad = next(_non_finite(doc.get("results") or {}, "results"), None)
+    if bad is not None:
+        raise UserError(f"{path}: {bad} is not a finite number; re-run that evaluation (mtp eval RUN)")
+    return doc
+
+
+def _non_finite(value, where: str):
+    """The keys under `value` whose numbers are NaN or infinite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield where
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _non_finite(item, f"{where}[{i}]")
 
 
 def read_spec(path: Path) -> dict:

@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from mtp_cli.config import Recipe, recipe_from_dict
+from mtp_cli.errors import UserError
 from mtp_cli.files import replacing
 from mtp_cli.result_docs import ci_key, read_eval, read_spec
 
@@ -103,10 +104,17 @@ def missing_runs(results_dir: str | Path) -> list[tuple[str, list[str]]]:
 
 
 def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+    """A JSON object the folder keeps, or None where there is none; a file that is there but damaged (torn,
+    not JSON, not an object) is a one-line error naming it, never a silent empty record."""
+    if not path.is_file():
         return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path}: {exc} (the file is damaged; restore or delete it)") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a JSON object (the file is damaged; restore or delete it)")
+    return data
 
 
 @dataclass
@@ -133,11 +141,25 @@ class RunFolder:
 
     @cached_property
     def metrics(self) -> list[dict]:
+        """metrics.jsonl's rows; a last line without its newline is a row being written and is left out, any
+        other line that is not a JSON object is a one-line error naming it."""
+        path = self.path / METRICS
         try:
-            lines = (self.path / METRICS).read_text().splitlines()
+            *lines, _being_written = path.read_text().split("\n")
         except OSError:
             return []
-        return [json.loads(line) for line in lines if line.strip()]
+        rows = []
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict):
+                raise UserError(f"{path}:{n} is not a JSON row (the file is damaged; delete that line)")
+            rows.append(row)
+        return rows
 
     @property
     def variant(self) -> str:
@@ -461,8 +483,14 @@ def run_folders(results_dir: Path) -> list[RunFolder]:
     return sorted(folders, key=lambda r: (order.get(r.variant, len(order)), r.variant, r.seed))
 
 
-def read_lock(results_dir: Path) -> dict:
-    return _read(Path(results_dir) / LOCK) or {}
+def read_lock(results_dir: Path, required: bool = False) -> dict:
+    """recipe.lock.json ({} where there is none); `required`: a report needs its recipe, so a missing or
+    recipe-less lock is a one-line error."""
+    lock = _read(Path(results_dir) / LOCK) or {}
+    if required and not isinstance(lock.get("recipe"), dict):
+        raise UserError(f"{Path(results_dir) / LOCK} is missing or holds no recipe: the report cannot say how the runs "
+                        "were made; restore it (it is written by `mtp ablate`)")
+    return lock
 
 
 def variant_order(results_dir: Path) -> dict[str, int]:

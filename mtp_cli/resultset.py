@@ -273,7 +273,7 @@ def load(results_dir: str | Path) -> ResultSet:
     if not runs:
         raise UserError(f"no runs in {results_dir / results.RUNS}; run `mtp ablate --recipe RECIPE` first")
     results.write_summary(results_dir)
-    return ResultSet(results_dir, results.summary_frame(results_dir), runs, results.read_lock(results_dir),
+    return ResultSet(results_dir, results.summary_frame(results_dir), runs, results.read_lock(results_dir, required=True),
                      _before_row(results_dir))
 
 

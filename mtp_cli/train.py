@@ -208,7 +208,7 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
             row = json.loads(line)
         except ValueError:  # a row torn by a kill mid-write
             continue
-        if row.get("step", 0) <= last_step:
+        if isinstance(row, dict) and isinstance(row.get("step", 0), int) and row.get("step", 0) <= last_step:
             keep.append(line)
     atomic_write_text(path, "".join(line + "\n" for line in keep))
 
@@ -267,7 +267,13 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                                    if ddp.main else False)
         data = _prepare_data(recipe, ddp, source, show_progress if data_progress is None else data_progress)
         out.mkdir(parents=True, exist_ok=True)
-        return _train_locked(recipe, out, ddp, device, source, data, do_resume, show_progress, segment_t0)
+        try:
+            return _train_locked(recipe, out, ddp, device, source, data, do_resume, show_progress, segment_t0)
+        except (MemoryError, torch.OutOfMemoryError, RuntimeError) as exc:
+            if not isinstance(exc, (MemoryError, torch.OutOfMemoryError)) and "allocate memory" not in str(exc):
+                raise
+            raise UserError(f"out of memory ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}); "
+                            "lower train.batch_size or the model's size, or raise train.grad_accum") from None
 
 
 def _train_locked(recipe: Recipe, out: Path, ddp: DistInfo, device: torch.device, source, data: shards.TokenData,
@@ -307,7 +313,24 @@ def _check_recipe(recipe: Recipe) -> tuple[pretrained.Source | None, DistInfo, t
     if rem or per_rank < 1:
         raise UserError(f"train.batch_size ({t.batch_size}) must be a multiple of world size × grad_accum "
                         f"({ddp.world} × {t.grad_accum})")
+    if device.type == "cpu":
+        _check_fits_in_memory(recipe, per_rank)
     return source, ddp, device
+
+
+def _check_fits_in_memory(recipe: Recipe, micro_batch: int) -> None:
+    """Refuse, before any data is made, a step whose logits alone (fp32, the next token and each extra
+    prediction) need more than this machine's memory; what fits is then up to the allocator."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    m = recipe.model
+    logits = micro_batch * m.context * m.vocab_size * 4 * (1 + recipe.mtp.n_extra)
+    if logits > memory:
+        raise UserError(f"a step of {micro_batch:,} sequences × context {m.context} × vocabulary {m.vocab_size:,} needs "
+                        f"{logits / 2**30:,.0f} GiB for its logits alone, more than this machine's "
+                        f"{memory / 2**30:.0f} GiB; lower train.batch_size (--batch-size) or raise train.grad_accum")
 
 
 def _on_every_rank(ddp: DistInfo, value):

@@ -112,7 +112,36 @@ BAD_INPUT = {
     "checkpoint-of-another-model": (["--resume"], r"checkpoint .* does not match", lambda d: foreign_checkpoint(d / "run")),
     "folder-holds-no-run": (["--out", "{dir}/notes"], r"not empty and holds no run", foreign_files),
     "cuda-without-cuda": (["--device", "cuda"], r"CUDA is not available", None),
+    # a newcomer's findings: silent nonsense refused up front, and what used to be tracebacks
+    "negative-grad-clip": (["--recipe", "{dir}/r.toml"], r"train.grad_clip must be a finite number >= 0",
+                           lambda d: edited_recipe(d, "train", grad_clip=-1.0)),
+    "negative-norm-eps": (["--recipe", "{dir}/r.toml"], r"model.norm_eps must be a finite number > 0",
+                          lambda d: edited_recipe(d, "model", norm_eps=-1.0)),
+    "nan-rope-theta": (["--recipe", "{dir}/r.toml"], r"model.rope_theta must be a finite number > 0, got nan",
+                       lambda d: edited_recipe(d, "model", rope_theta=float("nan"))),
+    "beta1-above-one": (["--recipe", "{dir}/r.toml"], r"train.beta1 must be in \[0, 1\), got 1.5",
+                        lambda d: edited_recipe(d, "train", beta1=1.5)),
+    "empty-recipe": (["--recipe", "{dir}/empty.toml"], r"has no \[model\] table.* `extends = \"quick\"`",
+                     lambda d: (d / "empty.toml").write_text("")),
+    "scalar-for-a-table": (["--recipe", "{dir}/r.toml"], r"model.rope_scaling: expected a table, got 3",
+                           lambda d: edited_recipe(d, "model", rope_scaling=3)),
+    "seed-beyond-64-bits": (["--seed", str(2**80)], r"train.seed \(--seed\) must be in \[0, 2\*\*63\)", None),
+    "steps-beyond-reason": (["--steps", str(2**70), "--out", "{dir}/fresh"], r"train.steps must be at most 10\*\*9", None),
+    "batch-beyond-memory": (["--batch-size", str(10**7), "--out", "{dir}/fresh"], r"GiB for its logits alone", None),
+    "data-a-fifo": (["--data", "{dir}/fifo", "--out", "{dir}/fresh"], r"is not a regular file or a folder",
+                    lambda d: os.mkfifo(d / "fifo")),
+    "data-a-device": (["--data", "/dev/zero", "--out", "{dir}/fresh"], r"/dev/zero is not a regular file or a folder", None),
+    "run-json-a-list": (["--resume"], r"run.json is not a JSON object", lambda d: (d / "run" / "run.json").write_text("[]")),
 }
+
+
+def edited_recipe(folder: Path, section: str, **values) -> None:
+    """The micro recipe with `values` set in `section`, as a file (no validation on the way)."""
+    recipe = micro_recipe("ntp", steps=2)
+    for key, value in values.items():
+        setattr(getattr(recipe, section), key, value)
+    (folder / "r.toml").write_text(recipe_toml(recipe))
+
 
 
 SUBPROCESS_CASES = ("unknown-objective", "corrupt-checkpoint")
@@ -304,3 +333,25 @@ def test_ctrl_c_exits_130(base_run, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_module.main()
     assert exit_info.value.code == 130
+
+
+@pytest.mark.parametrize("where", ["a-file", "under-proc"])
+def test_a_cache_folder_that_cannot_be_one_is_refused(where, tmp_path, base_run, monkeypatch, capsys, single_thread):
+    cache = {"a-file": tmp_path / "afile", "under-proc": Path("/proc/mtp-cache")}[where]
+    if where == "a-file":
+        cache.write_text("not a folder")
+    monkeypatch.setenv("MTP_CACHE_DIR", str(cache))
+    code, _, err = cli_in_process("train", "--recipe", base_run[1], "--out", tmp_path / "fresh", capsys=capsys)
+    check_one_line_error(code, err, r"MTP_CACHE_DIR .*(exists and is not a folder|/proc is a system folder)")
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_an_unreadable_data_file_is_one_line(tmp_path, base_run, monkeypatch, capsys, single_thread):
+    """Read permission is refused (simulated: the tests run as root, whom a file's mode does not stop)."""
+    data = tmp_path / "secret.py"
+    data.write_text("x = 1\n" * 100)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == data else real(path, mode, **kw))
+    code, _, err = cli_in_process("train", "--recipe", base_run[1], "--data", data, "--out", tmp_path / "fresh",
+                                  capsys=capsys)
+    check_one_line_error(code, err, r"data file .*secret.py is not readable")

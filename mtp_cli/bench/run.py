@@ -103,6 +103,11 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
     prompt_sets: dict[str, tuple[list[list[int]], dict]] = {}
     for source in dict.fromkeys(c.source for c in conditions):  # all inputs are checked before anything is timed
         prompt_sets[source] = _prompt_ids(run, source, limit, max_new_tokens, gsm8k_data)
+    fewest = min(len(ids) for ids, _ in prompt_sets.values())
+    if batch_sizes[-1] > fewest:
+        raise UserError(f"--batch-sizes {batch_sizes[-1]}: more than the {fewest} prompts timed "
+                        f"({min(prompt_sets, key=lambda s: len(prompt_sets[s][0]))}, --limit {cfg.limit}); "
+                        "a batch holds at most every prompt")
     draft = _load_draft(draft_run, run, device) if draft_run else None
     model = run.model
     lens = [draft_len_for(model, j) for j in cfg.draft_lens] if cfg.draft_lens and model.n_extra else None

@@ -32,7 +32,12 @@ from mtp_cli.files import atomic_write_text, replacing
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    return Path(os.environ.get("MTP_CACHE_DIR") or cfg.cache_dir).expanduser()
+    """The cache folder: $MTP_CACHE_DIR, else data.cache_dir; refused in one line where it cannot be a
+    writable folder (a file, under /proc)."""
+    from mtp_cli import outputs
+
+    flag = "MTP_CACHE_DIR" if os.environ.get("MTP_CACHE_DIR") else "data.cache_dir"
+    return outputs.folder(Path(os.environ.get("MTP_CACHE_DIR") or cfg.cache_dir).expanduser(), flag)
 
 
 @dataclass

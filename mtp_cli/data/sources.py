@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,15 +42,20 @@ def _expand(paths: list[str]) -> list[Path]:
             raise UserError(f"data path not found: {raw}")
         if path.is_dir():
             files += sorted(p for p in path.rglob("*") if p.is_file() and (p.suffix in TEXT_SUFFIXES or p.suffix == ".jsonl"))
-        else:
+        elif path.is_file():
             files.append(path)
+        else:  # a FIFO or a device such as /dev/zero would be read forever
+            raise UserError(f"data path {raw} is not a regular file or a folder")
     if not files:
         raise UserError(f"no .py/.txt/.md/.jsonl files under {', '.join(paths)}")
+    unreadable = next((p for p in files if not os.access(p, os.R_OK)), None)
+    if unreadable is not None:
+        raise UserError(f"data file {unreadable} is not readable (permission denied)")
     return files
 
 
 def _jsonl(path: Path) -> Iterator[dict]:
-    with path.open() as fh:
+    with path.open(encoding="utf-8", errors="replace") as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip():
                 try:

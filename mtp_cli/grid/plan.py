@@ -49,8 +49,10 @@ def plan(recipe_path: str | Path, only: str | list[str] | None = None, seeds: li
     source = resolve_recipe_path(recipe_path)
     recipe = load_recipe(source)
     variants = recipe.grid_variants()
-    if only:
+    if only is not None:
         wanted = [w.strip() for w in (only.split(",") if isinstance(only, str) else only) if w.strip()]
+        if not wanted:
+            raise UserError("--only is empty; name one or more variants (or leave --only out for all)")
         known = [v.name for v in variants]
         missing = [w for w in wanted if w not in known]
         if missing:
