@@ -10,7 +10,6 @@ Layout of a run folder:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from mtp_cli import sharded_checkpoint
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
-from mtp_cli.files import replacing
+from mtp_cli.files import read_json_object, replacing
 from mtp_cli.model import MTPModel
 from mtp_cli.run_files import CHECKPOINT, METRICS, RUN_JSON, TOKENIZER, TRAIN_LOCK  # noqa: F401 (TRAIN_LOCK: ckpt.TRAIN_LOCK)
 
@@ -31,13 +30,7 @@ __all__ = ["CHECKPOINT", "METRICS", "RUN_JSON", "TOKENIZER"]  # the run-folder n
 
 def read_json(path: Path) -> dict:
     """A run's JSON file as an object; anything else (unreadable, not JSON, a list) is a one-line error."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is not a JSON object (found {type(data).__name__}): the file is damaged")
-    return data
+    return read_json_object(path)
 
 
 def save_checkpoint(run_dir: Path, model: MTPModel, optimizer: torch.optim.Optimizer | None, step: int,

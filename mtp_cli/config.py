@@ -306,8 +306,6 @@ class EvalConfig:
         return self.limits.get(task) or None
 
     def validate(self) -> None:
-        if not self.tasks:
-            raise UserError(f"eval.tasks (--tasks) is empty; name one or more of {', '.join(EVAL_TASKS)}")
         for task in self.tasks:
             if task not in EVAL_TASKS:
                 raise UserError(f"unknown eval task {task!r} (eval.tasks / --tasks); choose from {', '.join(EVAL_TASKS)}")

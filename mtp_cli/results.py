@@ -15,7 +15,6 @@ Everything here reads stored files only; nothing trains or evaluates.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import pandas as pd
 
 from mtp_cli.config import Recipe, recipe_from_dict
 from mtp_cli.errors import UserError
-from mtp_cli.files import replacing
+from mtp_cli.files import read_json_lines, read_json_object, replacing
 from mtp_cli.result_docs import ci_key, read_eval, read_spec
 
 # the run-folder names (their one home is mtp_cli/run_files.py), also read through here by the grid and the launcher
@@ -106,15 +105,7 @@ def missing_runs(results_dir: str | Path) -> list[tuple[str, list[str]]]:
 def _read(path: Path) -> dict | None:
     """A JSON object the folder keeps, or None where there is none; a file that is there but damaged (torn,
     not JSON, not an object) is a one-line error naming it, never a silent empty record."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {path}: {exc} (the file is damaged; restore or delete it)") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is not a JSON object (the file is damaged; restore or delete it)")
-    return data
+    return read_json_object(path) if path.is_file() else None
 
 
 @dataclass
@@ -144,22 +135,7 @@ class RunFolder:
         """metrics.jsonl's rows; a last line without its newline is a row being written and is left out, any
         other line that is not a JSON object is a one-line error naming it."""
         path = self.path / METRICS
-        try:
-            *lines, _being_written = path.read_text().split("\n")
-        except OSError:
-            return []
-        rows = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{n} is not a JSON row (the file is damaged; delete that line)")
-            rows.append(row)
-        return rows
+        return read_json_lines(path, partial_last=True) if path.is_file() else []
 
     @property
     def variant(self) -> str:
@@ -377,12 +353,12 @@ COLUMNS: list[Column] = [
     Column("spec_acceptance_rate_hi", PROMPTS_HI, lambda r: _ci(r.spec_batch(1).get(MTP_METHOD) or {}, "acceptance_rate", 1)),
     Column(
         "spec_degenerate_share",
-        "share of decoded outputs that are degenerate (primary condition)",
+        "share of generated tokens inside a repetition loop (primary condition)",
         lambda r: _get(spec_primary(r.spec), "text", "degenerate_share"),
     ),
     Column(
         "spec_whitespace_share",
-        "share of decoded text that is whitespace (primary condition)",
+        "share of outputs whose decoded text is only whitespace (primary condition)",
         lambda r: _get(spec_primary(r.spec), "text", "whitespace_share"),
     ),
     Column("spec_mal", "mean acceptance length, 1 + accepted / steps (bs=1)",

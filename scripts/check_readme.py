@@ -169,6 +169,7 @@ def _mtp(args: list[str], scratch: Path, env: dict, parse_only: bool) -> str:
         unknown = [a.partition("=")[0] for a in args[1:] if a.startswith("--") and a.partition("=")[0] not in known]
         if unknown:
             raise SystemExit(f"README: `mtp {' '.join(args)}`: unknown option {', '.join(unknown)}")
+        parse(args)
         CliRunner().invoke(command, [args[0], "--help"])
         return "parsed"
     args = shrink(args, scratch)
@@ -182,6 +183,21 @@ def _mtp(args: list[str], scratch: Path, env: dict, parse_only: bool) -> str:
     if args[:1] == ["generate"] and "--max-new-tokens" not in args:
         args += ["--max-new-tokens", "8"]
     return _run([sys.executable, "-m", "mtp_cli", *args], scratch, env)
+
+
+def parse(args: list[str]) -> None:
+    """`mtp ARGS` through the command's own parser (values, counts, extra arguments), running nothing."""
+    from typer.main import get_command
+
+    from mtp_cli.cli import app
+
+    command = get_command(app)
+    try:
+        command.commands[args[0]].make_context(args[0], list(args[1:]))
+    except Exception as exc:  # typer's vendored click usage errors (as mtp_cli.cli.main reads them)
+        if not hasattr(exc, "format_message"):
+            raise
+        raise SystemExit(f"README: `mtp {' '.join(args)}`: {exc.format_message()}") from None
 
 
 def _make(args: list[str], scratch: Path, env: dict) -> str:

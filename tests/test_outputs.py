@@ -88,6 +88,21 @@ def test_export_force_never_deletes_an_evaluation_or_a_folder_inside_the_run(run
     assert cli_in_process("export", runs / "a", "--out", runs / "a" / "export", capsys=capsys)[0] == 0
 
 
+def test_an_export_has_the_modes_of_every_other_output(runs, capsys):
+    """Folders 0755 and files 0644 under the usual umask 022 (mkdtemp made the folder 0700 and safetensors
+    wrote 0600)."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        assert cli_in_process("export", runs / "a", "--out", runs / "shared", capsys=capsys)[0] == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [runs / "shared", *(runs / "shared").rglob("*")]}
+    assert modes.pop("shared") == 0o755 and modes["model.safetensors"] == 0o644
+    assert set(modes.values()) <= {0o644, 0o755}, modes
+
+
 def test_export_dot_is_one_line_not_a_traceback(runs, capsys, monkeypatch):
     monkeypatch.chdir(runs / "notes")
     code, _, err = cli_in_process("export", runs / "a", "--out", ".", capsys=capsys)

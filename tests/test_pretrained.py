@@ -605,7 +605,10 @@ def test_runs_stored_before_these_keys_still_resume(tmp_path):
         for key in keys:
             del stored[section][key]
     (tmp_path / "run.json").write_text(json.dumps({"recipe": stored}))
-    assert check_out_dir(tmp_path, recipe, resume=True, force=False) is False  # same run, no checkpoint yet
+    # the same run (no checkpoint yet: the grid's cells start it again, a user's --resume is refused)
+    assert check_out_dir(tmp_path, recipe, resume=True, force=False, restart_without_checkpoint=True) is False
+    with pytest.raises(UserError, match="holds no checkpoint"):
+        check_out_dir(tmp_path, recipe, resume=True, force=False)
     recipe.model.qkv_bias = True
     with pytest.raises(UserError, match="model.qkv_bias False -> True"):
         check_out_dir(tmp_path, recipe, resume=True, force=False)

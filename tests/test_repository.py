@@ -192,6 +192,21 @@ def test_readme_starts_with_the_two_commands_and_every_mtp_command_in_it_parses(
         check.main(["--parse", "--readme", str(bad)])
 
 
+def test_the_readmes_own_data_line_parses_as_written():
+    """The inline `mtp train --data ...` of the README, parsed by the command itself (it once passed two paths
+    to one --data: "Got unexpected extra argument"). Control: that form is refused."""
+    import re
+    import shlex
+
+    check = _check_readme()
+    lines = re.findall(r"`(mtp train --data [^`]+)`", (REPO / "README.md").read_text())
+    assert lines
+    for line in lines:
+        check.parse(shlex.split(line)[1:])
+    with pytest.raises(SystemExit, match="unexpected extra argument"):
+        check.parse(["train", "--data", "my_code/", "notes.md"])
+
+
 @pytest.mark.slow
 def test_every_readme_command_runs_at_tiny_scale():
     assert _check_readme().main([]) == 0

