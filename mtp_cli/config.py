@@ -34,6 +34,8 @@ PARALLEL = ("ddp", "fsdp")  # train.parallel: how torchrun's processes share the
 LAUNCHERS = ("local", "slurm")
 VARIANT_SECTIONS = ("model", "mtp", "data", "train", "eval", "specbench")
 ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_KEYS = {"default": (), "linear": ("factor",),  # the numbers each rope_type reads (model/trunk.py)
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval", "stdlib-functions")  # data.self_prompts, "+" mixes them
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
@@ -82,6 +84,15 @@ class ModelConfig:
             raise UserError(
                 f"model.rope_scaling: rope_type {rope_type!r} is not supported; choose one of {', '.join(ROPE_TYPES)}"
             )
+        missing = [k for k in ROPE_KEYS[rope_type] if k not in self.rope_scaling]
+        if missing:
+            raise UserError(f"model.rope_scaling: rope_type {rope_type!r} needs {', '.join(missing)}")
+        for key in ROPE_KEYS[rope_type]:
+            value = self.rope_scaling[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                raise UserError(f"model.rope_scaling.{key} must be a finite number > 0, got {value!r}")
+        if rope_type == "llama3" and not self.rope_scaling["high_freq_factor"] > self.rope_scaling["low_freq_factor"]:
+            raise UserError("model.rope_scaling: llama3's high_freq_factor must be above its low_freq_factor")
 
 
 @dataclass

@@ -125,6 +125,8 @@ BAD_INPUT = {
                      lambda d: (d / "empty.toml").write_text("")),
     "scalar-for-a-table": (["--recipe", "{dir}/r.toml"], r"model.rope_scaling: expected a table, got 3",
                            lambda d: edited_recipe(d, "model", rope_scaling=3)),
+    "rope-factor-a-string": (["--recipe", "{dir}/r.toml"], r"model.rope_scaling.factor must be a finite number > 0",
+                             lambda d: edited_recipe(d, "model", rope_scaling={"rope_type": "linear", "factor": "x"})),
     "seed-beyond-64-bits": (["--seed", str(2**80)], r"train.seed \(--seed\) must be in \[0, 2\*\*63\)", None),
     "steps-beyond-reason": (["--steps", str(2**70), "--out", "{dir}/fresh"], r"train.steps must be at most 10\*\*9", None),
     "batch-beyond-memory": (["--batch-size", str(10**7), "--out", "{dir}/fresh"], r"GiB for its logits alone", None),

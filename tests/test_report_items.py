@@ -117,7 +117,7 @@ def test_report_on_planted_results(synth):
     assert row[header.index("Δ (per seed)")] == f"{e.value:+.3f} ({e.per_seed[0]:+.3f}, {e.per_seed[1]:+.3f})"
     assert row[header.index("95% over seeds")] == f"[{e.lo:.3f}, {e.hi:.3f}]"
     assert row[header.index("evaluation-set noise only")] == f"[{e.items_lo:.3f}, {e.items_hi:.3f}]"
-    assert row[header.index("detectable (95%, 80% power)")] == f"{e.detectable:.3f}"
+    assert row[header.index("detectable (95%, ≈80% power)")] == f"{e.detectable:.3f}"
     assert row[header.index("reading")] == "not resolved: interval contains 0"  # two seeds that disagree
     floors = [cells for (metric, name), cells in rows.items() if name == "noise floor: ntp s1 − s0"]
     assert len(floors) == 7 and all(re.match(r"^[+-]\d", cells[2]) for cells in floors)  # a number for every metric

@@ -138,3 +138,29 @@ def test_eval_of_a_checkpoint_writes_outside_the_committed_results():
     from mtp_cli.evals.runner import hf_json_path
 
     assert hf_json_path("smollm2-135m-instruct") == Path("runs/hf/smollm2-135m-instruct/eval.json")
+
+
+def test_ctrl_c_and_out_of_memory_outside_the_loop_are_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during data preparation: "interrupted", exit 130 (typer alone exits 130 silently); an allocation
+    failure while training (a model too large, as under `ulimit -v`): one line naming it, exit 2."""
+    from mtp_cli import train as trainer
+
+    recipe = write_recipe(micro_recipe("ntp", steps=2), tmp_path / "micro.toml")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "_prepare_data", interrupted)
+    code, _, err = cli_in_process("train", "--recipe", recipe, "--out", tmp_path / "a", capsys=capsys)
+    assert code == 130 and err.strip() == "interrupted", err
+    assert not (tmp_path / "a").exists()
+    monkeypatch.undo()
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 160000000000 bytes")
+
+    monkeypatch.setattr(trainer, "_build_model", no_memory)
+    code, _, err = cli_in_process("train", "--recipe", recipe, "--out", tmp_path / "b", capsys=capsys)
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("data: ")]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: out of memory"), err

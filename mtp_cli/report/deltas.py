@@ -15,7 +15,7 @@ from mtp_cli.tables import Table
 
 NOT_RESOLVED = "not resolved"
 DELTA_COLUMNS = ["metric", "comparison", "Δ (per seed)", "95% over seeds", "evaluation-set noise only",
-                 "detectable (95%, 80% power)", "reading"]
+                 "detectable (95%, ≈80% power)", "reading"]
 
 
 def difference_tables(r: ResultSet, metrics: list[Metric]) -> list[Table]:
@@ -47,8 +47,9 @@ def difference_tables(r: ResultSet, metrics: list[Metric]) -> list[Table]:
              "evaluation-set noise only: the bootstrap over items with the seeds held fixed (without stored items, "
              "as for pass rates: the runs' own intervals combined) — what another draw of the evaluation items "
              "could change, not what another training seed could",
-             "detectable: the smallest |Δ| these seeds and items would find at 95% confidence with 80% power, from "
-             "the observed per-seed spread",
+             "detectable: the smallest |Δ| these seeds and items would find at 95% confidence with about 80% power, "
+             "from the observed per-seed spread (the (t₀.₉₇₅ + t₀.₈₀) rule: with 3 seeds an exact t-test has 77% "
+             "power there, and 80% at a Δ about 5% larger)",
              "reading: better or worse only where the interval over seeds excludes 0; not resolved otherwise, which "
              "is no evidence of no difference",
              *[f"{how}: {', '.join(labels)}" for how, labels in methods.items()]]
