@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MTP := $(VENV)/bin/mtp
 RECIPE ?= quick
 # `make report` writes here (ignored by git), so a clone's committed results/ stay as they are;
-# the same folder is `mtp ablate`'s default --results-root (mtp_cli/paths.py: RESULTS_ROOT).
+# the same folder is `mtp ablate`'s default --results-root (mtp_cli/base/paths.py: RESULTS_ROOT).
 OUT ?= runs/results
 # THREADS=n sets every stage's torch threads; ARGS='...' passes more flags to `mtp ablate`.
 THREADS ?=

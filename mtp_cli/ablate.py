@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtp_cli import outputs, paths, results, ui
-from mtp_cli.dist import dist_info
-from mtp_cli.errors import Stop, Terminated, UserError
+from mtp_cli.base import outputs, paths, ui
+from mtp_cli.base.dist import dist_info
+from mtp_cli.base.errors import Stop, Terminated, UserError
 from mtp_cli.grid import lock, plan, stages
 from mtp_cli.grid import source as source_stage
 from mtp_cli.grid.cells import Ablation
 from mtp_cli.grid.view import GridView
+from mtp_cli.results import folder as results
 
 
 def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import typer
 
-from mtp_cli import ui
-from mtp_cli.errors import Stop, Terminated, UserError, raise_terminated
-from mtp_cli.paths import RESULTS_ROOT
+from mtp_cli.base import ui
+from mtp_cli.base.errors import Stop, Terminated, UserError, raise_terminated
+from mtp_cli.base.paths import RESULTS_ROOT
 
 # Decoding one sequence is many small ops: a second OpenMP thread gains little on idle cores and, when another
 # process holds a core, makes every op wait at a barrier (measured: README, "Threads").
@@ -76,11 +76,11 @@ def train(
     ),
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
-    from mtp_cli import checkpoint as ckpt
-    from mtp_cli import outputs
-    from mtp_cli import train as trainer
-    from mtp_cli.config import load_recipe, objective_from_flags, resolve_recipe_path
+    from mtp_cli.base import outputs
+    from mtp_cli.config.recipe import load_recipe, objective_from_flags, resolve_recipe_path
+    from mtp_cli.model import checkpoint as ckpt
     from mtp_cli.model import pretrained
+    from mtp_cli.train import loop as trainer
 
     _use_threads(threads)
     if resume and out is not None and recipe is None:
@@ -118,7 +118,7 @@ def train(
 
 
 def _train_table(summary: dict):
-    from mtp_cli.tables import Table
+    from mtp_cli.base.tables import Table
 
     rows = [[key, f"{value:.4f}"] for key, value in summary["final"].items() if key not in ("kind", "step")]
     thr = summary["throughput"]
@@ -137,8 +137,8 @@ def export(
     force: bool = typer.Option(False, help="Replace a folder holding other files (never one holding a run)."),
 ) -> None:
     """Write the trunk alone (MTP modules discarded) as a Hugging Face LlamaForCausalLM checkpoint."""
+    from mtp_cli.base.run_files import EXPORT
     from mtp_cli.model.hf import export_run
-    from mtp_cli.run_files import EXPORT
 
     path = export_run(run, out or run / EXPORT, force=force)
     ui.out.print(f"exported {run} -> {path} (load with transformers.AutoModelForCausalLM.from_pretrained)", markup=False)
@@ -177,8 +177,8 @@ def eval_(
                                          "own Hugging Face backend instead (default --json: eval_lm_eval.json)."),
 ) -> None:
     """HumanEval, GSM8K and held-out loss of the trunk, MTP modules discarded."""
-    from mtp_cli import paths
-    from mtp_cli.config import EvalConfig, Runtime
+    from mtp_cli.base import paths
+    from mtp_cli.config.recipe import EvalConfig, Runtime
     from mtp_cli.evals.runner import parse_limits, parse_tasks, results_table, run_eval
 
     if recipe is not None and hf is None:
@@ -224,7 +224,7 @@ def generate(
     device: str = typer.Option("auto", help=DEVICE_HELP),
 ) -> None:
     """Continue a prompt with the run's trunk (the KV-cache decoder the evals use)."""
-    from mtp_cli.config import Runtime
+    from mtp_cli.config.recipe import Runtime
     from mtp_cli.decode.batching import complete
 
     result = complete(run, prompt, max_new_tokens, temperature, top_p, seed, speculative=speculative,
@@ -306,7 +306,7 @@ def specbench(
     with the share of the timed text that is a repetition loop."""
     from mtp_cli.bench.render import render_table
     from mtp_cli.bench.run import JSON_NAME, run_specbench
-    from mtp_cli.config import Runtime, SpecbenchConfig
+    from mtp_cli.config.recipe import Runtime, SpecbenchConfig
 
     cfg = SpecbenchConfig(prompts=prompts, temperatures=_float_list(temperatures, "--temperatures"), primary=primary,
                           limit=limit, max_new_tokens=max_new_tokens, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
@@ -373,7 +373,7 @@ def ablate(
 ) -> None:
     """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
     from mtp_cli import ablate as ablation
-    from mtp_cli import outputs
+    from mtp_cli.base import outputs
     from mtp_cli.grid.plan import plan_table
 
     _use_threads(threads)  # --results-root is checked by run_ablation, before a dry run returns too
@@ -409,7 +409,7 @@ def ablate(
 @app.command()
 def report(results_dir: Path = typer.Argument(..., help="An ablation's results folder, e.g. results/quick.")) -> None:
     """Render REPORT.md, plots and terminal tables from stored results (trains nothing)."""
-    from mtp_cli import report as reporting
+    from mtp_cli.results import report as reporting
 
     path = reporting.render_report(results_dir, console=ui.out)
     ui.out.print(f"report written to {path}")
@@ -428,8 +428,8 @@ def _float_list(text: str, flag: str) -> list[float]:
 def _use_threads(threads: int | None) -> None:
     """--threads of `mtp train` and `mtp ablate`: torch's intra-op CPU threads for this process and the
     stages it runs (None: leave torch's default); their device is the recipe's train.device."""
-    from mtp_cli import env
-    from mtp_cli.config import Runtime
+    from mtp_cli.base import env
+    from mtp_cli.config.recipe import Runtime
 
     rt = Runtime(threads=threads)
     rt.validate()
@@ -460,6 +460,7 @@ def main() -> None:
     from rich.markup import escape  # messages carry user paths: "[...]" in them is text, not markup
 
     signal.signal(signal.SIGTERM, raise_terminated)  # SIGTERM as Ctrl-C: the same clean-up, exit 143
+    Stop.said = False  # this command's own: nothing has said why it stopped yet
     try:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:  # without standalone mode typer *returns* typer.Exit(n)'s code (Ctrl-C: 130)

@@ -22,8 +22,8 @@ import torch
 from mtp_cli.bench.measure import measure
 from mtp_cli.bench.run import _prompt_ids
 from mtp_cli.bench.runners import _hf_runner, hf_model, ours_plain
-from mtp_cli.checkpoint import load_run
 from mtp_cli.decode.engine import engine_for
+from mtp_cli.model.checkpoint import load_run
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 def timed_eval(run: Path, task: str, limit: int | None, gsm8k_data: Path, out: Path,
                compile: bool | None = None) -> tuple[float, dict]:
-    from mtp_cli.config import EvalConfig, Runtime
+    from mtp_cli.config.recipe import EvalConfig, Runtime
     from mtp_cli.evals.runner import run_eval
 
     t0 = time.perf_counter()
@@ -80,8 +80,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from mtp_cli import env
-    from mtp_cli.checkpoint import load_run
+    from mtp_cli.base import env
+    from mtp_cli.model.checkpoint import load_run
     from mtp_cli.model.hf import ensure_export
 
     if args.threads:

@@ -43,12 +43,12 @@ def main() -> None:
     import llama_cpp
     import torch
 
+    from mtp_cli.base.stats import rate_ratio_ci
     from mtp_cli.bench.runners import Tally, ours_plain
-    from mtp_cli.checkpoint import load_run
     from mtp_cli.data.prompts import load_prompts
     from mtp_cli.decode.timing import PhaseTimer
     from mtp_cli.model import gguf
-    from mtp_cli.stats import rate_ratio_ci
+    from mtp_cli.model.checkpoint import load_run
 
     torch.set_num_threads(args.threads)
     run = load_run(args.run)

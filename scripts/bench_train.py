@@ -25,8 +25,8 @@ CONFIGS = ["ntp", "sequential", "parallel", "hf-llama", "ntp-compiled", "hf-llam
 def worker(name: str, recipe_name: str, steps: int) -> dict:
     import torch
 
-    from mtp_cli.config import MTPConfig, load_recipe
-    from mtp_cli.env import peak_memory_mb, rss_mb
+    from mtp_cli.base.env import peak_memory_mb, rss_mb
+    from mtp_cli.config.recipe import MTPConfig, load_recipe
     from mtp_cli.model import MTPModel, parallel_backward
     from mtp_cli.model.flops import flops_per_token
     from mtp_cli.model.trunk import compile_blocks
@@ -62,7 +62,7 @@ def worker(name: str, recipe_name: str, steps: int) -> dict:
 
         def step(x, y):
             if name == "parallel":
-                parallel_backward(model, x, y, mtp_cfg.weight)
+                parallel_backward(model, x, y, mtp_cfg.lambda_at())
             else:
                 model(x, y).loss.backward()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -112,7 +112,7 @@ def main() -> None:
 
     import torch
 
-    from mtp_cli.env import cpu_model, measure_matmul_peak
+    from mtp_cli.base.env import cpu_model, measure_matmul_peak
 
     peak = measure_matmul_peak(torch.device("cpu"), torch.float32)
     runs: dict[str, list[dict]] = {c: [] for c in CONFIGS}

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from mtp_cli import paths  # noqa: E402
-from mtp_cli.checkpoint import load_run  # noqa: E402
+from mtp_cli.base import paths  # noqa: E402
 from mtp_cli.data.prompts import load_prompts  # noqa: E402
 from mtp_cli.decode.generate import generate  # noqa: E402
+from mtp_cli.model.checkpoint import load_run  # noqa: E402
 
 
 def agreement(run, source: str, limit: int, max_new_tokens: int, widths: list[int]) -> tuple[int, dict[int, float]]:

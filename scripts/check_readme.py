@@ -150,7 +150,7 @@ def run_line(line: str, scratch: Path, env: dict, parse_only: bool) -> str:
     if script:
         if not (REPO / script).is_file():
             raise SystemExit(f"README: {script}: no such script")
-        return "exists" if parse_only else _run([python, str(REPO / script), "--help"], scratch, env)
+        return "exists" if parse_only else _run([python, str(scratch / script), "--help"], scratch, env)
     return "skipped (not an mtp, make or torchrun command)"
 
 

@@ -44,7 +44,7 @@ def main() -> None:
 
     import torch
 
-    from mtp_cli.config import ModelConfig, MTPConfig
+    from mtp_cli.config.recipe import ModelConfig, MTPConfig
     from mtp_cli.decode.draft_vocab import DEFAULT_SHARE
     from mtp_cli.decode.engine import Engine
     from mtp_cli.decode.generate import prefill
@@ -54,7 +54,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.run:
-        from mtp_cli.checkpoint import load_run
+        from mtp_cli.model.checkpoint import load_run
 
         model = load_run(args.run).model.eval()
         cfg = model.cfg

@@ -1,5 +1,5 @@
 """Rewrite specbench.json files of schema 2 as schema 3: every interval key `<key>_ci` becomes
-`<key>_ci95`, the one spelling eval.json and specbench.json share (mtp_cli/result_docs.py). Nothing
+`<key>_ci95`, the one spelling eval.json and specbench.json share (mtp_cli/base/result_docs.py). Nothing
 else changes: no number is recomputed. The readers in mtp_cli know schema 3 only; this script is the
 one place that still knows schema 2.
 
@@ -25,7 +25,7 @@ def renamed(value):
 
 
 def main(paths: list[str]) -> int:
-    from mtp_cli.result_docs import SPEC_SCHEMA, SpecbenchDoc, read_spec, write_spec
+    from mtp_cli.base.result_docs import SPEC_SCHEMA, SpecbenchDoc, read_spec, write_spec
 
     for path in map(Path, paths):
         doc = json.loads(path.read_text())

@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from mtp_cli.bench.forward_cost import forward_costs  # noqa: E402
-from mtp_cli.checkpoint import load_run  # noqa: E402
 from mtp_cli.data.prompts import load_prompts  # noqa: E402
 from mtp_cli.decode.draft_vocab import draft_vocabulary  # noqa: E402
 from mtp_cli.decode.engine import engine_for  # noqa: E402
 from mtp_cli.decode.speculative import make_drafter  # noqa: E402
+from mtp_cli.model.checkpoint import load_run  # noqa: E402
 
 
 def main() -> None:

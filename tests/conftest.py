@@ -22,7 +22,7 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory) -> dict[str, Path]:
     """Three trained tiny runs: {'ntp', 'sequential' (D=2), 'parallel' (n=3)} -> run folder."""
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     root = tmp_path_factory.mktemp("runs")
     runs = {}

@@ -17,12 +17,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mtp_cli import parallel
-from mtp_cli.config import ModelConfig, MTPConfig
-from mtp_cli.dist import DistInfo
-from mtp_cli.model import MTPModel
+from mtp_cli.base.dist import DistInfo
+from mtp_cli.config.recipe import ModelConfig, MTPConfig
+from mtp_cli.model import MTPModel, parallel
 from mtp_cli.model.loss import IGNORE
-from mtp_cli.train import accumulate
+from mtp_cli.train.loop import accumulate
 
 MODEL = dict(vocab_size=97, n_layers=3, d_model=32, n_heads=2, ffn_hidden=64, context=16, zero_init_residual=False)
 CASES = {"ntp": (MTPConfig(objective="ntp"), {}),

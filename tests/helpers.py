@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mtp_cli.config import DataConfig, ModelConfig, MTPConfig, Recipe, TrainConfig
+from mtp_cli.config.recipe import DataConfig, ModelConfig, MTPConfig, Recipe, TrainConfig
 from mtp_cli.decode.generate import probs_from_logits
 from mtp_cli.decode.speculative import Drafter
 
@@ -285,8 +285,8 @@ def first_two_token_law(trunk, prompt, temperature):
 def random_export_dir(tokenizer_run: Path, out: Path, **config) -> Path:
     """A tiny trunk with large random weights (varied, tie-free greedy output), saved as a Hugging Face
     checkpoint with `tokenizer_run`'s tokenizer, for lm-eval's HFLM."""
-    from mtp_cli.checkpoint import load_run
     from mtp_cli.model import hf
+    from mtp_cli.model.checkpoint import load_run
     from mtp_cli.model.trunk import Trunk, init_weights
 
     torch.manual_seed(0)
@@ -296,3 +296,31 @@ def random_export_dir(tokenizer_run: Path, out: Path, **config) -> Path:
     hf.trunk_to_hf(trunk, tok).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+# ---- used by tests only (the package has no caller for them) ----------------------------------------
+
+def paired_bootstrap(a, b, iters: int | None = None, seed: int | None = None):
+    """mean(a − b) over common items with a 95% paired-bootstrap interval (items resampled once for both):
+    the one-seed case of `stats.hierarchical_difference`."""
+    from mtp_cli.base import stats
+
+    kwargs = {k: v for k, v in (("iters", iters), ("seed", seed)) if v is not None}
+    return stats.hierarchical_difference({0: a}, {0: b}, **kwargs)
+
+
+def state_bytes_per_rank(params: float, world: int, parallel: str, trained: float | None = None) -> float:
+    """Model state per rank in bytes (docs/cluster.md's table): fp32 parameters (4 B), gradients (4 B) and
+    AdamW's two moments (8 B) of the `trained` parameters (default: all), 4 B for each frozen one; divided
+    by `world` under FSDP. Activations, and under FSDP the gathered working set, come on top."""
+    trained = params if trained is None else trained
+    total = params * 4 + trained * (4 + 8)
+    return total / world if parallel == "fsdp" else total
+
+
+def generate_texts(trunk, tokenizer, prompts, max_new_tokens: int, **kwargs) -> list[str]:
+    """Completions as text (special tokens dropped), not cut at the stop strings."""
+    from mtp_cli.decode.batching import encode, generate_ids
+
+    ids = generate_ids(trunk, tokenizer, [encode(tokenizer, p) for p in prompts], max_new_tokens, **kwargs)
+    return [tokenizer.decode(x, skip_special_tokens=True) for x in ids]

@@ -1,5 +1,5 @@
 """A results folder written from planted numbers, in the stored formats the report reads (eval.json
-with per-item files, specbench.json), written through their typed schemas (mtp_cli/result_docs.py), so
+with per-item files, specbench.json), written through their typed schemas (mtp_cli/base/result_docs.py), so
 the report's statistics can be checked against values known in advance. Nothing here trains or evaluates."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtp_cli.result_docs import EvalDoc, SpecbenchDoc, write_eval, write_spec
+from mtp_cli.base.result_docs import EvalDoc, SpecbenchDoc, write_eval, write_spec
 
 COMMIT = "c0ffee" + "0" * 34
 VARIANTS = {"ntp": "ntp", "seq-d1": "sequential"}

@@ -20,10 +20,11 @@ import pytest
 import torch
 from helpers import REPO, ablation_toml, cli_in_process, folder_snapshot
 
-from mtp_cli import ablate, results
-from mtp_cli.errors import UserError
+from mtp_cli import ablate
+from mtp_cli.base.errors import UserError
 from mtp_cli.grid import cells, lock, stages
 from mtp_cli.grid import plan as grid_plan
+from mtp_cli.results import folder as results
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -86,7 +87,7 @@ def test_dry_run_uses_measured_times(tiny_ablation, capsys):
     ab = ablate.run_ablation(source, seeds=[0, 1, 7], dry_run=True, results_root=tiny_ablation.parent)
     pending = {c.name: c.pending for c in ab.cells}
     assert pending["ntp-s0"] == [] and pending["ntp-s7"][:2] == ["train", "export"]
-    from mtp_cli.cost import Estimator
+    from mtp_cli.results.cost import Estimator
 
     est = Estimator(ab.results_dir, ab.recipe)
     cell = next(c for c in ab.cells if c.name == "ntp-s7")
@@ -101,7 +102,7 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path, monkeypatch)
     cell = ab.cells[0]
 
     # Interrupt the run in-process at step 5 (Ctrl-C): train() saves a checkpoint at step 5.
-    import mtp_cli.train as trainer
+    import mtp_cli.train.loop as trainer
 
     real_lr = trainer.lr_at
     monkeypatch.setattr(
@@ -268,7 +269,7 @@ def test_only_naming_no_variant_and_bad_seeds(tmp_path, capsys):
 
 
 def test_shipped_recipes_load_and_plan(tmp_path, monkeypatch):
-    from mtp_cli.config import load_recipe, shipped_recipes
+    from mtp_cli.config.recipe import load_recipe, shipped_recipes
     from mtp_cli.model import gguf
 
     def wheel_missing(dist):
@@ -292,7 +293,7 @@ def test_shipped_recipes_load_and_plan(tmp_path, monkeypatch):
     assert [v.name for v in quick.variants] == ["ntp", "parallel-n4", "seq-d1", "ntp-init"]
     runs = {v.name: quick.for_run(v, 0) for v in quick.variants}
     assert runs["parallel-n4"].mtp.heads == 4 and runs["parallel-n4"].mtp.compute_matched
-    assert runs["seq-d1"].mtp.depth == 1 and runs["seq-d1"].mtp.weight == 0.3
+    assert runs["seq-d1"].mtp.depth == 1 and runs["seq-d1"].mtp.lambda_at() == 0.3
     assert cells.gsm8k_data(quick) == REPO / "data" / "gsm8k"
 
 
@@ -365,8 +366,8 @@ def test_a_variant_can_switch_off_its_specbench(tmp_path):
 def test_a_recipe_that_extends_another_takes_its_tables_and_follows_its_changes(tmp_path):
     """`extends = "base"`: the base's tables with this file's keys over them; the fingerprint hashes the
     result, so editing the base is a new version of the extending recipe; a loop is refused."""
-    from mtp_cli.config import load_recipe
-    from mtp_cli.errors import UserError
+    from mtp_cli.base.errors import UserError
+    from mtp_cli.config.recipe import load_recipe
 
     base = tmp_path / "base.toml"
     base.write_text(ablation_toml("base", seeds=(0,)))
@@ -424,12 +425,12 @@ def test_the_training_child_logs_making_its_data_only_outside_a_terminal(monkeyp
     """`mtp ablate` trains in a child process whose training the view draws from metrics.jsonl. Making the
     data (a self-distilled corpus: minutes of generation) writes nothing there, so in a log file the child
     prints its own plain lines for it; in a terminal it stays quiet under the view's live bars."""
-    import mtp_cli.train
-    from mtp_cli import ui
-    from mtp_cli.config import Recipe
+    import mtp_cli.train.loop as train
+    from mtp_cli.base import ui
+    from mtp_cli.config.recipe import Recipe
 
     calls, sent = [], []
-    monkeypatch.setattr(mtp_cli.train, "train", lambda *args, **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(train, "train", lambda *args, **kwargs: calls.append(kwargs))
     monkeypatch.setattr(stages, "_die_with_parent", lambda: None)
     pipe = types.SimpleNamespace(send=sent.append)
     for terminal in (False, True):

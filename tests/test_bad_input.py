@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory):
     """A finished 2-step D=1 run and its recipe file."""
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     root = tmp_path_factory.mktemp("bad-input")
     recipe = write_recipe(micro_recipe("sequential", steps=2), root / "micro.toml")
@@ -35,7 +35,7 @@ def one_line(code: int, err: str, pattern: str) -> None:
 
 
 def truncated_gsm8k(folder: Path) -> Path:
-    from mtp_cli.paths import GSM8K_DIR
+    from mtp_cli.base.paths import GSM8K_DIR
 
     (folder / "gsm8k").mkdir()
     shutil.copy(GSM8K_DIR / "train.jsonl", folder / "gsm8k" / "train.jsonl")

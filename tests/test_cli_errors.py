@@ -36,8 +36,8 @@ def truncate(run: Path) -> None:
 
 def foreign_checkpoint(run: Path) -> None:
     """A readable checkpoint of a different model (d_model 64) dropped into the run folder."""
-    from mtp_cli import checkpoint as ckpt
     from mtp_cli.model import MTPModel
+    from mtp_cli.model import checkpoint as ckpt
 
     other = micro_recipe("ntp")
     other.model.d_model = 64
@@ -157,7 +157,7 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     """A finished 2-step NTP run and its recipe file."""
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     root = tmp_path_factory.mktemp("cli-base")
     threads = torch.get_num_threads()
@@ -266,7 +266,7 @@ def test_heads_flag_picks_parallel(base_run, tmp_path, monkeypatch, single_threa
 def test_resume_continues_with_the_runs_own_recipe(tmp_path, monkeypatch, capsys, single_thread):
     """`mtp train --out RUN --resume`, no other flag: the run's own recipe and step count (a 4-step
     sequential run stopped at step 2 ends at step 4 — not the quick recipe's 80, not a settings error)."""
-    from mtp_cli import train as trainer
+    from mtp_cli.train import loop as trainer
 
     recipe = micro_recipe("sequential", steps=4, depth=1)
     real = trainer.lr_at
@@ -325,7 +325,7 @@ def test_design_card_call_with_the_quick_recipe(tmp_path):
 def test_ctrl_c_exits_130(base_run, monkeypatch, capsys):
     """An interrupted training must not exit 0 (`make`, shells and `mtp ablate` would take it as done)."""
     from mtp_cli import cli as cli_module
-    from mtp_cli import train as trainer
+    from mtp_cli.train import loop as trainer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from mtp_cli.config import DataConfig
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import DataConfig
 from mtp_cli.data import shards, sources
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -52,7 +52,7 @@ def ddp_runs(tmp_path_factory):
     def launch(cmd):
         return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
 
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         futures = {name: pool.submit(launch, cmd) for name, cmd in jobs.items()}

@@ -142,7 +142,7 @@ def test_fixed_shape_speculative_equals_eager_greedy():
     ride along, frozen)."""
     from helpers import tiny_model_config
 
-    from mtp_cli.config import MTPConfig
+    from mtp_cli.config.recipe import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
@@ -169,7 +169,7 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     from helpers import tiny_model_config
     from torch._dynamo.utils import counters
 
-    from mtp_cli.config import MTPConfig
+    from mtp_cli.config.recipe import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
@@ -217,7 +217,7 @@ def test_compiled_tree_is_lossless_without_recompiling():
     from helpers import tiny_model_config
     from torch._dynamo.utils import counters
 
-    from mtp_cli.config import MTPConfig
+    from mtp_cli.config.recipe import MTPConfig
     from mtp_cli.decode.speculative import SpecStats, speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
@@ -249,7 +249,7 @@ def test_compiled_batches_equal_eager_in_one_graph_per_width():
     from helpers import tiny_model_config
     from torch._dynamo.utils import counters
 
-    from mtp_cli.config import MTPConfig
+    from mtp_cli.config.recipe import MTPConfig
     from mtp_cli.decode.speculative import speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
@@ -279,8 +279,8 @@ def test_compiled_batches_equal_eager_in_one_graph_per_width():
 @pytest.mark.slow
 @pytest.mark.parametrize("objective,draft_len", [("sequential", 1), ("sequential", 3), ("parallel", 2)])
 def test_compiled_speculative_is_lossless_on_trained_runs(tiny_runs, objective, draft_len):
-    from mtp_cli.checkpoint import load_run
     from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.model.checkpoint import load_run
 
     run = load_run(tiny_runs[objective])
     prompts = [run.tokenizer.encode(t) for t in ("def split(s, sep=None):\n    ", "import os\n", "class A:\n")]
@@ -293,8 +293,8 @@ def test_compiled_speculative_is_lossless_on_trained_runs(tiny_runs, objective, 
 def test_compiled_sampling_preserves_the_distribution(tiny_runs):
     from helpers import chi_square_pvalue, first_two_token_law
 
-    from mtp_cli.checkpoint import load_run
     from mtp_cli.decode.speculative import SpecStats, speculative_generate
+    from mtp_cli.model.checkpoint import load_run
 
     run = load_run(tiny_runs["sequential"])
     prompt = run.tokenizer.encode("def split(s, sep=None):\n    ")

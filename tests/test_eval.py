@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from mtp_cli.checkpoint import load_run
-from mtp_cli.config import EVAL_TASKS, EvalConfig, Runtime
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import EVAL_TASKS, EvalConfig, Runtime
 from mtp_cli.evals import heldout, runner
+from mtp_cli.model.checkpoint import load_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -59,7 +59,7 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 def test_run_eval_writes_the_documented_json(tiny_runs, tmp_path):
     json_path = tmp_path / "out" / "eval.json"
     text = tmp_path / "text.txt"
-    text.write_text((REPO / "mtp_cli" / "stats.py").read_text())
+    text.write_text((REPO / "mtp_cli" / "base" / "stats.py").read_text())
     cfg = EvalConfig(limits={t: 2 for t in EVAL_TASKS}, gsm8k_data=str(GSM8K_DATA), gsm8k_fewshot=None)
     doc = runner.run_eval(tiny_runs["sequential"], cfg, text=text, json_path=json_path, show_progress=False)
     assert json.loads(json_path.read_text())["results"] == json.loads(json.dumps(doc["results"]))
@@ -143,7 +143,7 @@ def test_cli_export_generate_and_heldout_eval(tiny_runs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("def split(") and len(proc.stdout) > len("def split(\n")
     run = load_run(tiny_runs["ntp"])
-    from mtp_cli.decode.batching import generate_texts
+    from helpers import generate_texts
 
     expected = generate_texts(run.model.trunk, run.tokenizer, ["def split("], 12)[0]
     assert proc.stdout == "def split(" + expected + "\n"

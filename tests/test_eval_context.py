@@ -12,13 +12,13 @@ import pytest
 import torch
 from helpers import cli_in_process
 
-from mtp_cli.checkpoint import load_run
-from mtp_cli.config import EvalConfig
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import EvalConfig
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.decode.batching import encode, generate_ids
-from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k, humaneval, runner
 from mtp_cli.model import hf
+from mtp_cli.model.checkpoint import load_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mtp_cli.checkpoint import load_run
 from mtp_cli.model import hf
+from mtp_cli.model.checkpoint import load_run
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Guards train.parallel = "fsdp" (FSDP2, mtp_cli/parallel.py), its sharded checkpoints
-(mtp_cli/sharded_checkpoint.py) and the loss normalisation across ranks, on CPU with gloo.
+"""Guards train.parallel = "fsdp" (FSDP2, mtp_cli/model/parallel.py), its sharded checkpoints
+(mtp_cli/model/sharded_checkpoint.py) and the loss normalisation across ranks, on CPU with gloo.
 
 Fast: with 2 processes and a batch whose ranks hold different numbers of valid targets (for the main
 loss and for every depth), DDP and FSDP give every parameter the gradient of one process on the whole
@@ -107,7 +107,7 @@ KILLED_SAVE = """
 import os, signal, sys, torch
 sys.path.insert(0, {tests!r})
 from helpers import micro_recipe
-from mtp_cli import sharded_checkpoint as sc
+from mtp_cli.model import sharded_checkpoint as sc
 from mtp_cli.model import MTPModel
 recipe = micro_recipe("sequential", depth=1)
 torch.manual_seed(0)
@@ -123,15 +123,15 @@ if sys.argv[2] == "writing":  # the shards written, the checkpoint's metadata no
     from torch.distributed.checkpoint import FileSystemWriter
     FileSystemWriter.finish = kill
 else:  # everything written but latest.json
-    os.replace = kill  # the rename that commits latest.json (mtp_cli.files.replacing)
+    os.replace = kill  # the rename that commits latest.json (mtp_cli.base.files.replacing)
 sc.save(sys.argv[1], model, opt, 4, {{"recipe": recipe.to_dict()}})
 """
 
 
 @pytest.mark.parametrize("when", ["writing", "committing"])
 def test_a_killed_save_leaves_the_last_good_checkpoint(tmp_path, when):
-    from mtp_cli import checkpoint as ckpt
-    from mtp_cli import sharded_checkpoint as sc
+    from mtp_cli.model import checkpoint as ckpt
+    from mtp_cli.model import sharded_checkpoint as sc
 
     script = tmp_path / "save.py"
     script.write_text(KILLED_SAVE.format(tests=str(TESTS)))
@@ -145,7 +145,7 @@ def test_a_killed_save_leaves_the_last_good_checkpoint(tmp_path, when):
     saved = torch.load(tmp_path / "step2.pt", weights_only=True)
     assert state["step"] == 2 and all(torch.equal(state["model"][k], saved[k]) for k in saved)
     # the next save removes the half-written folder
-    from mtp_cli.config import recipe_from_dict
+    from mtp_cli.config.recipe import recipe_from_dict
     from mtp_cli.model import MTPModel
 
     recipe = recipe_from_dict(state["recipe"])
@@ -163,8 +163,8 @@ def test_fsdp_flag_in_one_process_writes_a_sharded_checkpoint_that_resumes(tmp_p
     resumes them); --ddp on resume is refused in one line; a bad train.parallel is one line too."""
     from helpers import cli_in_process
 
-    from mtp_cli.checkpoint import load_run
-    from mtp_cli.errors import UserError
+    from mtp_cli.base.errors import UserError
+    from mtp_cli.model.checkpoint import load_run
 
     monkeypatch.chdir(tmp_path)
     recipe_path = write_recipe(micro_recipe(steps=1), tmp_path / "r.toml")
@@ -188,7 +188,7 @@ def test_fsdp_flag_in_one_process_writes_a_sharded_checkpoint_that_resumes(tmp_p
 # ---- fast: docs/cluster.md's memory table is the formula's ------------------------------------------------
 
 def test_the_memory_table_in_the_docs_is_computed_from_the_parameter_count():
-    from mtp_cli.parallel import state_bytes_per_rank
+    from helpers import state_bytes_per_rank
 
     assert state_bytes_per_rank(1e9, 1, "ddp") == 16e9 and state_bytes_per_rank(1e9, 8, "fsdp") == 2e9
     assert state_bytes_per_rank(1e9, 1, "ddp", trained=0) == 4e9  # a frozen parameter: its fp32 weight only
@@ -235,7 +235,7 @@ def assert_same_losses(one: Path, other: Path, steps=range(1, 6)) -> None:
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
-    from mtp_cli import checkpoint as ckpt
+    from mtp_cli.model import checkpoint as ckpt
 
     return ckpt.load_checkpoint(run)["model"]
 
@@ -251,7 +251,7 @@ def assert_close_weights(a: dict, b: dict) -> None:
 @pytest.fixture(scope="module")
 def fsdp_runs(tmp_path_factory):
     """Each case trained by 2 FSDP processes and by one process (the plain model)."""
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     root = tmp_path_factory.mktemp("fsdp")
     results = {}
@@ -288,7 +288,7 @@ def test_fsdp_two_processes_log_the_losses_of_one(fsdp_runs, name):
 
 @pytest.mark.slow
 def test_a_sharded_checkpoint_resumes_at_another_world_size(fsdp_runs, tmp_path):
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     root, _ = fsdp_runs
     recipe_path = write_recipe(case_recipe("sequential-d2"), tmp_path / "r.toml")
@@ -314,7 +314,7 @@ def test_a_sharded_checkpoint_resumes_at_another_world_size(fsdp_runs, tmp_path)
 def test_export_reads_a_sharded_checkpoint(fsdp_runs, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from mtp_cli.checkpoint import load_run
+    from mtp_cli.model.checkpoint import load_run
 
     root, _ = fsdp_runs
     run = root / "sequential-d2" / "two"
@@ -331,7 +331,7 @@ def test_export_reads_a_sharded_checkpoint(fsdp_runs, tmp_path):
 @pytest.mark.slow
 def test_a_frozen_trunk_trains_under_fsdp(fsdp_runs, tmp_path):
     from mtp_cli.model.hf import export_run
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     root, _ = fsdp_runs
     source = export_run(root / "ntp" / "one", tmp_path / "source")

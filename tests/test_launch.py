@@ -18,9 +18,10 @@ import pandas as pd
 import pytest
 from helpers import ablation_toml, checkpoint_weights, cli_in_process, max_state_diff
 
-from mtp_cli import ablate, results
+from mtp_cli import ablate
 from mtp_cli.grid import cells, lock
 from mtp_cli.grid import plan as grid_plan
+from mtp_cli.results import folder as results
 
 submitit = pytest.importorskip("submitit", reason="submitit not installed (pip install 'mtp[slurm]')")
 from mtp_cli.launch import records as job_records  # noqa: E402
@@ -384,7 +385,7 @@ def test_a_preempted_training_is_requeued_and_resumes_from_its_checkpoint(tmp_pa
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, STEPS + 1))
     assert json.loads((run / "run.json").read_text())["status"] == "done"
     fresh = tmp_path / "fresh"
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     train(ab.cells[0].recipe, fresh, show_progress=False)
     assert max_state_diff(checkpoint_weights(run), checkpoint_weights(fresh)) < 1e-6

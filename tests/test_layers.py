@@ -11,26 +11,13 @@ from helpers import REPO
 
 PACKAGE = REPO / "mtp_cli"
 
-# Lowest first. A module's layer is that of the longest prefix listed here.
+# Lowest first: each layer is one or more folders of mtp_cli/ (the run layer: training and specbench, which
+# never import each other); a module's layer is its folder's. At the top, beside them, only the package's
+# own __init__ (base) and the application modules that wire the layers together.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["mtp_cli", "mtp_cli.errors", "mtp_cli.paths", "mtp_cli.env", "mtp_cli.ui", "mtp_cli.stats",
-              "mtp_cli.run_clock", "mtp_cli.outputs", "mtp_cli.tables", "mtp_cli.claims", "mtp_cli.dist", "mtp_cli.run_files",
-              "mtp_cli.files"]),
-    ("config", ["mtp_cli.config", "mtp_cli.conditions", "mtp_cli.schedule"]),
-    ("data", ["mtp_cli.data"]),
-    ("model", ["mtp_cli.model", "mtp_cli.checkpoint", "mtp_cli.sharded_checkpoint", "mtp_cli.parallel",
-               "mtp_cli.trunk_cache"]),
-    ("corpus", ["mtp_cli.selfdistill", "mtp_cli.corpus"]),
-    ("decode", ["mtp_cli.decode"]),
-    ("evals", ["mtp_cli.evals"]),
-    ("run", ["mtp_cli.train", "mtp_cli.tracking", "mtp_cli.bench"]),
-    ("results", ["mtp_cli.results", "mtp_cli.resultset", "mtp_cli.cost", "mtp_cli.seed_stats", "mtp_cli.compare",
-                 "mtp_cli.comparisons", "mtp_cli.plots",
-                 "mtp_cli.report"]),
-    ("grid", ["mtp_cli.grid"]),
-    ("launch", ["mtp_cli.launch"]),
-    ("ablate", ["mtp_cli.ablate"]),
-    ("cli", ["mtp_cli.cli", "mtp_cli.__main__"]),
+    ("base", ["base"]), ("config", ["config"]), ("data", ["data"]), ("model", ["model"]), ("corpus", ["corpus"]),
+    ("decode", ["decode"]), ("evals", ["evals"]), ("run", ["train", "bench"]), ("results", ["results"]),
+    ("grid", ["grid"]), ("launch", ["launch"]), ("app", ["ablate", "cli", "__main__"]),
 ]
 
 
@@ -97,13 +84,26 @@ def missing_modules(root: Path) -> list[str]:
 
 
 def layer_of(module: str) -> int:
-    best, best_len = None, -1
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
-                best, best_len = i, len(prefix)
-    assert best is not None, f"{module} has no layer: add it to LAYERS in {__file__}"
-    return best
+    """The rank of the layer whose folder (or application module) holds `module`; the package itself is base."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return 0
+    found = [i for i, (_, folders) in enumerate(LAYERS) if parts[1] in folders]
+    assert found, f"{module} is in no layer: put it in a layer's folder (LAYERS in {__file__})"
+    return found[0]
+
+
+def test_every_folder_and_top_level_module_is_a_layer(tmp_path):
+    """The tree shows the layers: each folder of mtp_cli/ is one, and the only modules at its top are the
+    application's. Control: a planted top-level module or unknown folder is named."""
+    def strays(root: Path) -> list[str]:
+        known = {f for _, folders in LAYERS for f in folders}
+        entries = [p for p in root.iterdir() if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py")]
+        return sorted(p.name for p in entries if p.name != "__init__.py" and p.name.removesuffix(".py") not in known)
+
+    assert strays(PACKAGE) == []
+    planted = plant(tmp_path, {"__init__.py": "", "stray.py": "", "newroom/__init__.py": "", "model/__init__.py": ""})
+    assert strays(planted) == ["newroom", "stray.py"]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -189,3 +189,35 @@ def test_type_checking_imports_do_not_count(tmp_path):
     root = plant(tmp_path, {"__init__.py": "", "stats.py": "from typing import TYPE_CHECKING\n"
                             "if TYPE_CHECKING:\n    from mtp_cli import train\n", "train.py": ""})
     assert package_imports(root)["mtp_cli.stats"] == set()
+
+
+def uncommented_function_imports(root: Path) -> list[str]:
+    """Imports inside functions (outside cli.py, whose commands import lazily by design, and the fence's
+    programs, which run alone) without a comment saying why: on their line, or above their block."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "cli.py" or "fence" in path.parts:
+            continue
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)) or "#" in lines[node.end_lineno - 1]:
+                    continue
+                above = node.lineno - 2
+                while above >= 0 and (not lines[above].strip() or lines[above].strip().startswith(("from ", "import "))):
+                    above -= 1
+                if above < 0 or not lines[above].strip().startswith("#"):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_every_import_inside_a_function_says_why():
+    assert uncommented_function_imports(PACKAGE) == []
+
+
+def test_a_planted_silent_function_import_is_found(tmp_path):
+    root = plant(tmp_path, {"__init__.py": "", "a.py": "def f():\n    import json\n    return json\n",
+                            "b.py": "def g():\n    # why: optional\n    import json\n    import os\n    return json, os\n"})
+    assert uncommented_function_imports(root) == ["mtp_cli/a.py:2"]

@@ -11,8 +11,8 @@ from helpers import random_export_dir
 from lm_eval.api.model import LM
 from lm_eval.tasks import TaskManager
 
-from mtp_cli.config import EvalConfig
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import EvalConfig
 from mtp_cli.evals import harness_agreement, humaneval, humaneval_tasks, lm_eval_hf
 from mtp_cli.evals.runner import run_eval
 from mtp_cli.evals.tasks.humaneval_local import completions, passed

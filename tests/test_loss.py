@@ -1,6 +1,6 @@
 """Guards the loss: the seed-lesson arithmetic, the alignment of every extra depth/head with its target,
 the λ/D weighting and DeepSeek's λ schedule — all through the project's own code (`mtp_cli.model.loss`,
-`MTPModel.forward`, `MTPConfig.weight_at`), checked against numbers and loops written from the definition.
+`MTPModel.forward`, `MTPConfig.lambda_at`), checked against numbers and loops written from the definition.
 
 Alignment (mtp_cli/model/loss.py): a chunk t_1..t_{T+1} gives inputs t_1..t_T; extra prediction k at position
 i = 1..T-k predicts t_{i+k+1}; the last k positions carry no depth-k loss.
@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import tiny_model_config
 
-from mtp_cli.config import MTPConfig
+from mtp_cli.config.recipe import MTPConfig
 from mtp_cli.model import MTPModel
 from mtp_cli.model import loss as L
 
@@ -129,7 +129,7 @@ def test_per_depth_loss_matches_loop_over_positions(name):
         assert float(out.loss_extra[k - 1]) == pytest.approx(expected, rel=1e-5), f"depth {k}"
         # the comparison is sharp: a target one token early (t_{i+k}) gives a different number
         assert abs(loop_loss(logits[k], chunk, k, shift=-1) - expected) > 1e-3
-    lam = mtp_cfg.weight
+    lam = mtp_cfg.lambda_at()
     expected_total = float(out.loss_main) + lam / D * sum(float(v) for v in out.loss_extra)
     assert float(out.loss) == pytest.approx(expected_total, rel=1e-6)
 
@@ -321,7 +321,7 @@ def test_extra_losses_over_a_subset_of_the_vocabulary(objective, kw, memory_effi
 def test_a_subset_vocabulary_refuses_sizes_outside_the_vocabulary():
     from helpers import tiny_recipe
 
-    from mtp_cli.errors import UserError
+    from mtp_cli.base.errors import UserError
 
     recipe = tiny_recipe("sequential", depth=1)
     recipe.mtp.draft_vocab = recipe.model.vocab_size + 1
@@ -347,27 +347,27 @@ def test_linear_offset_loss_drops_the_last_k_positions():
 # ---- λ defaults and schedule ------------------------------------------------------------------------
 
 def test_default_lambda_per_objective():
-    assert MTPConfig(objective="sequential").weight == 0.3  # DeepSeek-V3's first phase
-    assert MTPConfig(objective="parallel", heads=4).weight == 3.0  # Meta: plain sum over n-1 extra heads
-    assert MTPConfig(objective="sequential", lambda_=0.0).weight == 0.0  # an explicit 0 is kept
+    assert MTPConfig(objective="sequential").lambda_at() == 0.3  # DeepSeek-V3's first phase
+    assert MTPConfig(objective="parallel", heads=4).lambda_at() == 3.0  # Meta: plain sum over n-1 extra heads
+    assert MTPConfig(objective="sequential", lambda_=0.0).lambda_at() == 0.0  # an explicit 0 is kept
 
 
 def test_lambda_schedule_switches_after_fraction_of_steps():
     cfg = MTPConfig(objective="sequential", lambda_=0.3, lambda_final=0.1, lambda_switch=0.5)
-    schedule = [cfg.weight_at(step, 10) for step in range(10)]
+    schedule = [cfg.lambda_at(step, 10) for step in range(10)]
     assert schedule == [0.3] * 5 + [0.1] * 5
 
 
 def test_lambda_constant_without_final_value():
     cfg = MTPConfig(objective="sequential", lambda_=0.3)
-    assert {cfg.weight_at(step, 10) for step in range(10)} == {0.3}
+    assert {cfg.lambda_at(step, 10) for step in range(10)} == {0.3}
 
 
 def test_lambda_schedule_edges():
     at_start = MTPConfig(objective="sequential", lambda_=0.3, lambda_final=0.1, lambda_switch=0.0)
-    assert at_start.weight_at(0, 10) == 0.1
+    assert at_start.lambda_at(0, 10) == 0.1
     never = MTPConfig(objective="sequential", lambda_=0.3, lambda_final=0.1, lambda_switch=1.0)
-    assert [never.weight_at(s, 10) for s in range(10)] == [0.3] * 10
+    assert [never.lambda_at(s, 10) for s in range(10)] == [0.3] * 10
 
 
 # ---- ignored targets and the global normaliser (train.accumulate across ranks) ------------------------

@@ -12,8 +12,8 @@ import pytest
 import torch
 from helpers import tiny_model_config
 
-from mtp_cli.config import MTPConfig
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import MTPConfig
 from mtp_cli.model import Block, MTPModel, Trunk, parallel_backward
 from mtp_cli.model import trunk as trunk_mod
 

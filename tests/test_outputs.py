@@ -1,5 +1,5 @@
 """Nothing lost, nothing misleading: every command's output flags go through one check before any work
-(`mtp_cli.outputs`), `mtp export --out` replaces only an earlier export, and bad input gets the one-line
+(`mtp_cli.base.outputs`), `mtp export --out` replaces only an earlier export, and bad input gets the one-line
 error the README promises. Each case failed before its fix (a traceback, a silent success, or a
 deleted file)."""
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory):
     """A finished 2-step NTP run and its recipe file."""
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     root = tmp_path_factory.mktemp("outputs")
     recipe = write_recipe(micro_recipe("ntp", steps=2), root / "micro.toml")
@@ -164,7 +164,7 @@ def test_messages_name_the_right_thing(tmp_path, micro_run, capsys):
 
 
 def test_draft_vocab_above_the_vocabulary_is_refused(tmp_path, capsys):
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     train(micro_recipe("sequential", steps=2, depth=1, lambda_=0.3), tmp_path / "seq", show_progress=False)
     code, _, err = cli_in_process(
@@ -208,8 +208,8 @@ def test_empty_data_leaves_no_run_folder(tmp_path, micro_run, capsys):
 
 # ---- resume, cost and the figures that cannot be true ----------------------------------------------------
 def test_a_resumed_run_adds_up_its_segments(tmp_path):
-    from mtp_cli import checkpoint as ckpt
-    from mtp_cli.train import train
+    from mtp_cli.model import checkpoint as ckpt
+    from mtp_cli.train.loop import train
 
     first = micro_recipe("ntp", steps=3)
     first.train.ckpt_every = 1
@@ -227,7 +227,7 @@ def test_a_resumed_run_adds_up_its_segments(tmp_path):
 
 
 def test_mfu_above_one_is_never_reported(tmp_path):
-    from mtp_cli.train import mfu, train
+    from mtp_cli.train.loop import mfu, train
 
     assert mfu(2e9, 1e9) is None and mfu(5e8, 1e9) == 0.5
     recipe = micro_recipe("ntp", steps=3)
@@ -241,7 +241,7 @@ def test_mfu_above_one_is_never_reported(tmp_path):
 def test_the_cached_peak_is_raised_to_what_training_reached(tmp_path):
     import torch
 
-    from mtp_cli import env
+    from mtp_cli.base import env
 
     cpu = torch.device("cpu")
     (tmp_path / env.PEAK_CACHE).write_text(json.dumps({env.peak_key(cpu, torch.float32): 1e6}))
@@ -266,7 +266,7 @@ def test_the_resume_hint_locates_the_same_ablation(monkeypatch):
 def test_make_report_and_ablate_share_one_results_root():
     from helpers import REPO
 
-    from mtp_cli import paths
+    from mtp_cli.base import paths
 
     make = (REPO / "Makefile").read_text()
     assert f"OUT ?= {paths.RESULTS_ROOT}" in make
@@ -293,7 +293,7 @@ def test_a_partial_report_counts_the_seeds_evaluated(tmp_path):
     """One of ntp's two runs has no eval.json yet: the table says "1 of 2", not "2"."""
     from synthetic_results import make_results
 
-    from mtp_cli import report
+    from mtp_cli.results import report
 
     folder = make_results(tmp_path)
     (folder / "runs" / "ntp-s1" / "eval.json").unlink()
@@ -303,7 +303,7 @@ def test_a_partial_report_counts_the_seeds_evaluated(tmp_path):
 
 
 def test_the_ablation_log_sums_a_resumed_trainings_segments(tmp_path):
-    from mtp_cli.files import write_json
+    from mtp_cli.base.files import write_json
     from mtp_cli.grid import lock
     from mtp_cli.grid import plan as grid_plan
 

@@ -41,7 +41,7 @@ def test_a_wheel_install_plans_the_quick_recipe_outside_the_repository(tmp_path)
                               str(wheel)], capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr
     env = {**os.environ, "PYTHONPATH": str(target)}  # ahead of the editable install of this checkout
-    where = subprocess.run([sys.executable, "-c", "import mtp_cli.paths as p; print(p.RECIPES_DIR); print(p.GSM8K_DIR)"],
+    where = subprocess.run([sys.executable, "-c", "import mtp_cli.base.paths as p; print(p.RECIPES_DIR); print(p.GSM8K_DIR)"],
                            cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     recipes, gsm8k = where.stdout.split()
     assert recipes == str(target / "mtp_cli" / "recipes") and gsm8k == str(target / "mtp_cli" / "data" / "gsm8k")

@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from mtp_cli import corpus
+from mtp_cli.base.errors import UserError
+from mtp_cli.corpus import token_data as corpus
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.errors import UserError
 from mtp_cli.model import pretrained
 from mtp_cli.model.trunk import rope_inv_freq
 
@@ -102,7 +102,7 @@ def test_llama3_inverse_frequencies_match_transformers():
 @pytest.mark.parametrize("case", ["llama-tied", "qwen2-biased-gqa", "llama3-rope"])
 def test_export_of_untrained_init_reproduces_source(checkpoints, case, tmp_path):
     """A run initialised from the source and trained 0 steps exports to a checkpoint with the source's logits."""
-    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.config.recipe import MTPConfig, Recipe
     from mtp_cli.model import MTPModel
     from mtp_cli.model.hf import trunk_to_hf
 
@@ -120,7 +120,7 @@ def test_export_of_untrained_init_reproduces_source(checkpoints, case, tmp_path)
 
 
 def test_modules_start_from_the_trunk(checkpoints):
-    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.config.recipe import MTPConfig, Recipe
     from mtp_cli.model import MTPModel
 
     recipe = Recipe()
@@ -139,7 +139,7 @@ def test_modules_start_from_the_trunk(checkpoints):
 
 
 def test_recipe_resolution(checkpoints):
-    from mtp_cli.config import Recipe
+    from mtp_cli.config.recipe import Recipe
 
     folder = checkpoints["llama-gqa-untied"]
     recipe = Recipe()
@@ -162,7 +162,7 @@ def test_recipe_resolution(checkpoints):
 def test_the_context_is_the_shorter_of_the_default_and_the_checkpoint(checkpoints, monkeypatch):
     """Not given: min(INIT_CONTEXT, max positions), never a checkpoint's whole (possibly 8,192) context;
     given: kept, at most the checkpoint's."""
-    from mtp_cli.config import Recipe, load_recipe
+    from mtp_cli.config.recipe import Recipe, load_recipe
 
     assert pretrained.INIT_CONTEXT == load_recipe("quick").model.context  # "the default recipe's context"
     folder = checkpoints["llama-tied"]  # 128 positions
@@ -183,7 +183,7 @@ def test_the_context_is_the_shorter_of_the_default_and_the_checkpoint(checkpoint
 def test_model_keys_set_by_a_recipe_it_extends_count_as_given(tmp_path):
     """A recipe that `extends` another keeps the [model] keys that one set: `extends = "cpu-smollm2"` trains
     at its context of 512, not at the default a recipe without one gets."""
-    from mtp_cli.config import resolve_recipe_path
+    from mtp_cli.config.recipe import resolve_recipe_path
 
     (tmp_path / "base.toml").write_text("[model]\ncontext = 512\n")
     child = tmp_path / "child.toml"
@@ -239,7 +239,7 @@ def test_bad_input_is_one_line_exit_2(checkpoints, tmp_path, capsys, monkeypatch
 def _frozen_recipe(folder: Path, **data_kw):
     from helpers import TINY_FILES
 
-    from mtp_cli.config import DataConfig, MTPConfig, Recipe, TrainConfig
+    from mtp_cli.config.recipe import DataConfig, MTPConfig, Recipe, TrainConfig
 
     recipe = Recipe(name="posthoc", mtp=MTPConfig("sequential", depth=1),
                     data=DataConfig(**{"source": "files", "paths": list(TINY_FILES), **data_kw}),
@@ -252,8 +252,8 @@ def _frozen_recipe(folder: Path, **data_kw):
 
 @pytest.mark.parametrize("case", ["llama-tied", "qwen2-biased-gqa"])
 def test_frozen_trunk_is_bit_identical_after_training(checkpoints, case, tmp_path):
-    from mtp_cli.checkpoint import load_run
-    from mtp_cli.train import train
+    from mtp_cli.model.checkpoint import load_run
+    from mtp_cli.train.loop import train
 
     folder = checkpoints[case]
     summary = train(_frozen_recipe(folder), tmp_path / "run", show_progress=False)
@@ -275,9 +275,9 @@ def test_frozen_trunk_is_bit_identical_after_training(checkpoints, case, tmp_pat
 def test_trunk_state_cache_trains_the_same_modules(checkpoints, mtp, tmp_path, monkeypatch):
     """A frozen trunk's stored states (train.trunk_cache) give the modules bit-identical weights and losses
     to running the trunk every step: on the run that stores them, and on a second run that reads them all."""
-    from mtp_cli.checkpoint import load_run
-    from mtp_cli.config import MTPConfig
-    from mtp_cli.train import train
+    from mtp_cli.config.recipe import MTPConfig
+    from mtp_cli.model.checkpoint import load_run
+    from mtp_cli.train.loop import train
 
     monkeypatch.setenv("MTP_CACHE_DIR", str(tmp_path / "cache"))
     runs = {}
@@ -305,8 +305,8 @@ def test_self_distilled_data_is_the_trunks_greedy_text(checkpoints, tmp_path):
     cached under a key that carries the trunk's weights hash."""
     from helpers import TINY_FILES
 
-    from mtp_cli import selfdistill
-    from mtp_cli.config import DataConfig
+    from mtp_cli.config.recipe import DataConfig
+    from mtp_cli.corpus import selfdistill
 
     folder = checkpoints["llama-gqa-untied"]
     cfg = DataConfig(source="self", self_prompts="files", paths=list(TINY_FILES[:2]), self_samples=3,
@@ -331,7 +331,7 @@ def test_self_distilled_data_is_the_trunks_greedy_text(checkpoints, tmp_path):
 
 
 def test_bad_combinations_are_errors(checkpoints):
-    from mtp_cli.config import Recipe
+    from mtp_cli.config.recipe import Recipe
 
     recipe = Recipe()
     recipe.train.freeze_trunk = True
@@ -356,7 +356,7 @@ def test_eval_hf_heldout_matches_transformers(checkpoints, tmp_path):
     on the same validation windows."""
     from helpers import TINY_FILES
 
-    from mtp_cli.config import EvalConfig, load_recipe
+    from mtp_cli.config.recipe import EvalConfig, load_recipe
     from mtp_cli.evals.runner import hf_run, run_eval
 
     folder = checkpoints["qwen2-biased-gqa"]
@@ -386,7 +386,7 @@ def test_posthoc_ablation_end_to_end(tmp_path, monkeypatch):
     from helpers import ablation_toml
 
     from mtp_cli.ablate import run_ablation
-    from mtp_cli.checkpoint import load_checkpoint
+    from mtp_cli.model.checkpoint import load_checkpoint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "src.toml").write_text(ablation_toml(name="src", steps=8, variants='[[variants]]\nname = "ntp"\n'))
@@ -431,10 +431,12 @@ def test_dry_run_counts_making_the_self_distilled_text_once_until_it_is_cached(c
     """A self-distilled variant whose text is not cached costs its generation (forward FLOPs of every prompt and
     new token over the CPU peak at the assumed utilisation) on the first cell that makes it, none on the next,
     none once the cache holds it."""
-    from mtp_cli import cost, env, selfdistill
-    from mtp_cli.config import Recipe
+    from mtp_cli.base import env
+    from mtp_cli.config.recipe import Recipe
+    from mtp_cli.corpus import selfdistill
     from mtp_cli.data import shards
     from mtp_cli.model import flops
+    from mtp_cli.results import cost
 
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("one two three four five six seven eight " * 30)
@@ -465,7 +467,7 @@ def test_dry_run_counts_making_the_self_distilled_text_once_until_it_is_cached(c
 
 
 def test_frozen_trunk_runs_without_autograd(checkpoints):
-    from mtp_cli.config import MTPConfig, Recipe
+    from mtp_cli.config.recipe import MTPConfig, Recipe
     from mtp_cli.model import MTPModel
 
     recipe = Recipe()
@@ -514,8 +516,9 @@ def test_self_prompt_sets_mix_in_order_with_an_even_share(checkpoints):
     whose body so far is its docstring), the GSM8K ones training questions in lm-eval's format, never test ones."""
     import ast
 
-    from mtp_cli import paths, selfdistill
-    from mtp_cli.config import DataConfig
+    from mtp_cli.base import paths
+    from mtp_cli.config.recipe import DataConfig
+    from mtp_cli.corpus import selfdistill
     from mtp_cli.data import gsm8k_format
     from mtp_cli.data.prompts import load_prompts
 
@@ -544,8 +547,9 @@ def test_self_prompt_sets_mix_in_order_with_an_even_share(checkpoints):
 def test_self_distillation_prompts_come_from_training_documents_only(checkpoints, tmp_path, monkeypatch):
     """Corpus windows, standard-library function prompts and GSM8K questions skip the documents the validation
     split holds: a module must not train on continuations of text its held-out figures are measured on."""
-    from mtp_cli import paths, selfdistill
-    from mtp_cli.config import DataConfig
+    from mtp_cli.base import paths
+    from mtp_cli.config.recipe import DataConfig
+    from mtp_cli.corpus import selfdistill
     from mtp_cli.data import shards
 
     tok = toklib.load(checkpoints["llama-gqa-untied"])
@@ -573,8 +577,8 @@ def test_self_distillation_prompts_come_from_training_documents_only(checkpoints
     ("stdlib-functions+gsm8k", False, "needs data.paths"),
 ])
 def test_bad_self_prompt_sets_are_one_line_errors(prompts, paths_given, message):
-    from mtp_cli import paths
-    from mtp_cli.config import DataConfig
+    from mtp_cli.base import paths
+    from mtp_cli.config.recipe import DataConfig
 
     given = [str(paths.gsm8k_data(None))] if paths_given else []
     with pytest.raises(UserError, match=message):
@@ -586,7 +590,7 @@ def test_bad_self_prompt_sets_are_one_line_errors(prompts, paths_given, message)
 @pytest.mark.parametrize("prompts, compared_on", [("stdlib-functions+gsm8k", "stdlib"), ("gsm8k+stdlib", "gsm8k"),
                                                   ("humaneval+files", "files")])
 def test_a_mixed_self_distilled_run_is_compared_on_its_first_corpus(prompts, compared_on):
-    from mtp_cli.config import DataConfig
+    from mtp_cli.config.recipe import DataConfig
     from mtp_cli.data.shards import comparison_config
 
     assert comparison_config(DataConfig(source="self", self_prompts=prompts)).source == compared_on
@@ -596,7 +600,7 @@ def test_runs_stored_before_these_keys_still_resume(tmp_path):
     """A run.json written before qkv_bias/rope_scaling/init_from/freeze_trunk/self_* existed is the same run."""
     from helpers import micro_recipe
 
-    from mtp_cli.train import check_out_dir
+    from mtp_cli.train.loop import check_out_dir
 
     recipe = micro_recipe()
     stored = recipe.to_dict()
@@ -618,8 +622,8 @@ def test_distinct_batches_cycle_the_same_batches_and_reuse_their_trunk_states(ch
     """train.distinct_batches = 3 over 6 steps: steps 3..5 draw batches 0..2 again (the frozen trunk's loss
     repeats exactly), their states come from the cache (6 misses, then 6 hits), and the modules trained equal
     those of the same run with the trunk recomputed every step."""
-    from mtp_cli.checkpoint import load_run
-    from mtp_cli.train import train
+    from mtp_cli.model.checkpoint import load_run
+    from mtp_cli.train.loop import train
 
     monkeypatch.setenv("MTP_CACHE_DIR", str(tmp_path / "cache"))
     runs = {}

@@ -14,9 +14,12 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from mtp_cli import cli, compare, report, results, resultset, stats
+from mtp_cli import cli
+from mtp_cli.base import stats
 from mtp_cli.grid import stages
-from mtp_cli.report import helpers as report_helpers
+from mtp_cli.results import compare, report, resultset
+from mtp_cli.results import folder as results
+from mtp_cli.results.report import helpers as report_helpers
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -24,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture
 def no_training(monkeypatch):
     """Any attempt to train, export, evaluate or benchmark fails the test."""
-    import mtp_cli.train as trainer
+    import mtp_cli.train.loop as trainer
 
     monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("the report trained a model"))
     for name in list(stages.STAGE_FUNCS):

@@ -18,7 +18,8 @@ from helpers import REPO, folder_snapshot
 from rich.console import Console
 from synthetic_results import COMMIT, make_results, per_item_values
 
-from mtp_cli import compare, report, resultset, stats
+from mtp_cli.base import stats
+from mtp_cli.results import compare, report, resultset
 
 
 @pytest.fixture
@@ -149,8 +150,8 @@ def test_report_on_planted_results(synth):
 
 def test_parts_table_gives_the_break_even_mal(synth):
     """T_verify / T_step, T_draft / T_step and the break-even MAL, from the seed means of the stored parts."""
-    from mtp_cli.report.inference import parts_table
-    from mtp_cli.resultset import load
+    from mtp_cli.results.report.inference import parts_table
+    from mtp_cli.results.resultset import load
 
     table = parts_table(load(synth), "heldout-greedy")
     (row,) = table.rows  # NTP has no modules: one row
@@ -347,8 +348,8 @@ def test_committed_posthoc_report_has_the_before_row(tmp_path):
     text = report.render_report(folder).read_text()
     assert "context 1024" in text.split("## Training evidence")[0]
     assert "| source (before) | – |" in text and "trunk scores equal the source's: yes" in text
-    from mtp_cli.config import recipe_from_dict
-    from mtp_cli.cost import training_flops
+    from mtp_cli.config.recipe import recipe_from_dict
+    from mtp_cli.results.cost import training_flops
 
     run_json = folder / "runs" / "seq-d1-self-s0" / "run.json"
     stored = json.loads(run_json.read_text())
@@ -367,7 +368,7 @@ def test_committed_posthoc_report_has_the_before_row(tmp_path):
 
 
 def test_a_speed_up_shows_its_interval_over_prompts_and_never_one_of_no_width():
-    from mtp_cli.report.format import speed
+    from mtp_cli.results.report.format import speed
 
     one_repeat = {"speedup": 0.82, "speedup_ci95": [0.82, 0.82]}
     assert speed(one_repeat, "speedup") == "0.82×"  # one timed repeat: an interval of no width says nothing
@@ -380,8 +381,8 @@ def test_a_speed_up_shows_its_interval_over_prompts_and_never_one_of_no_width():
 def test_parts_table_reads_a_fused_call_and_a_draft_within_noise(synth):
     """One row greedy, verification and the next draft are one call: the break-even MAL is that call over
     a step, and a draft share measured as a (noisy) difference below zero reads ≈0, not a negative time."""
-    from mtp_cli.report.inference import parts_table
-    from mtp_cli.resultset import load
+    from mtp_cli.results.report.inference import parts_table
+    from mtp_cli.results.resultset import load
 
     for path in synth.glob("runs/seq-d1-s*/specbench.json"):
         doc = json.loads(path.read_text())
@@ -398,8 +399,8 @@ def test_the_draft_length_table_words_each_rule_its_runs_were_chosen_by(tmp_path
     theirs: the table names every rule with the runs it chose for."""
     import json
 
-    from mtp_cli.report.inference import draft_len_table
-    from mtp_cli.resultset import load
+    from mtp_cli.results.report.inference import draft_len_table
+    from mtp_cli.results.resultset import load
 
     root = make_results(tmp_path / "r", seeds=(0, 1))
     for seed, rule in ((0, "the fastest"), (1, "the shortest unless a longer one is faster")):

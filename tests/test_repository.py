@@ -13,8 +13,8 @@ import pytest
 from helpers import REPO, ablation_toml, cli_in_process
 from rich.console import Console
 
-from mtp_cli import paths
-from mtp_cli.tables import Table
+from mtp_cli.base import paths
+from mtp_cli.base.tables import Table
 
 mtp = cli_in_process
 COMPUTING_COMMANDS = ("train", "eval", "generate", "specbench", "ablate")
@@ -186,6 +186,7 @@ def test_readme_starts_with_the_two_commands_and_every_mtp_command_in_it_parses(
     assert lines[:2] == ["make report", "make test"]
     assert "make test" in (REPO / ".ci" / "run").read_text()
     assert check.main(["--parse"]) == 0
+    assert check.main(["--parse", "--readme", str(REPO / "docs" / "results.md")]) == 0  # the figures' own commands
     bad = tmp_path / "README.md"
     bad.write_text("```bash\nmtp train --no-such-flag 3\n```\n")
     with pytest.raises(SystemExit, match="unknown option --no-such-flag"):

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished 2-step NTP run."""
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     run = tmp_path_factory.mktemp("safety") / "run"
     train(micro_recipe("ntp", steps=2), run, show_progress=False)
@@ -143,7 +143,7 @@ def test_eval_of_a_checkpoint_writes_outside_the_committed_results():
 def test_ctrl_c_and_out_of_memory_outside_the_loop_are_one_line(tmp_path, monkeypatch, capsys):
     """Ctrl-C during data preparation: "interrupted", exit 130 (typer alone exits 130 silently); an allocation
     failure while training (a model too large, as under `ulimit -v`): one line naming it, exit 2."""
-    from mtp_cli import train as trainer
+    from mtp_cli.train import loop as trainer
 
     recipe = write_recipe(micro_recipe("ntp", steps=2), tmp_path / "micro.toml")
 

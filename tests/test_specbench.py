@@ -15,15 +15,15 @@ import pytest
 import torch
 from helpers import REPO, cli_in_process
 
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.stats import median_ci, ratio_ci
 from mtp_cli.bench.render import render_table
 from mtp_cli.bench.run import run_specbench
-from mtp_cli.checkpoint import CHECKPOINT, TOKENIZER, load_run
-from mtp_cli.config import Runtime, SpecbenchConfig
+from mtp_cli.config.recipe import Runtime, SpecbenchConfig
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_prompts
-from mtp_cli.errors import UserError
-from mtp_cli.stats import median_ci, ratio_ci
+from mtp_cli.model.checkpoint import CHECKPOINT, TOKENIZER, load_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "speedup_prompts_ci95", "latency_s",
@@ -369,7 +369,7 @@ def test_ratio_ci():
 
 
 def test_results_read_one_schema_and_the_migration_rewrites_the_old_one(tiny_runs, tmp_path):
-    from mtp_cli import results
+    from mtp_cli.results import folder as results
 
     old = tmp_path / "schema1"  # a specbench.json as the first committed results wrote it: refused, with the way out
     old.mkdir()
@@ -417,7 +417,7 @@ def test_results_read_one_schema_and_the_migration_rewrites_the_old_one(tiny_run
 
 
 def test_recipe_specbench_section():
-    from mtp_cli.config import SpecbenchConfig, from_dict, load_recipe
+    from mtp_cli.config.recipe import SpecbenchConfig, from_dict, load_recipe
 
     quick = load_recipe("quick").specbench
     assert quick.primary == "heldout-greedy" and quick.limit >= 32 and "heldout" in quick.prompts

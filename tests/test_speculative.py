@@ -7,12 +7,12 @@ import pytest
 import torch
 from helpers import OracleDrafter, chi_square_pvalue, first_two_token_law
 
-from mtp_cli import corpus
-from mtp_cli.checkpoint import load_run
+from mtp_cli.base.errors import UserError
+from mtp_cli.corpus import token_data as corpus
 from mtp_cli.decode.engine import engine_for
 from mtp_cli.decode.generate import generate, prefill, probs_from_logits
 from mtp_cli.decode.speculative import FusedGreedyStep, SpecStats, accept, make_drafter, speculative_generate
-from mtp_cli.errors import UserError
+from mtp_cli.model.checkpoint import load_run
 from mtp_cli.model.trunk import apply_rope
 
 TEXTS = ["def split(s, sep=None):\n    ", "import os\n", "class Template:\n    \"\"\"A string class for",
@@ -317,7 +317,7 @@ def test_modules_trained_over_a_draft_vocabulary_draft_from_the_same_one(tmp_pat
 
     from mtp_cli.decode.draft_vocab import count_tokens, draft_vocabulary, top_tokens
     from mtp_cli.model import MTPModel
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     trained_over = []
     real = MTPModel.train_extra_over

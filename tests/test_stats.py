@@ -1,4 +1,4 @@
-"""`mtp_cli.stats` and `mtp_cli.seed_stats`: the paired and hierarchical bootstraps behave as statistics
+"""`mtp_cli.base.stats` and `mtp_cli.results.seed_stats`: the paired and hierarchical bootstraps behave as statistics
 must — nothing from identical models, a planted shift recovered, seed variation widening the interval —
 agree with the textbook where there is one, and are deterministic; rates keep the Wilson interval. The
 seed-level interval matches its formula by hand, says n/a with one seed, keeps ratios above zero, and
@@ -12,8 +12,10 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import paired_bootstrap
 
-from mtp_cli import seed_stats, stats
+from mtp_cli.base import stats
+from mtp_cli.results import seed_stats
 
 
 def _items(values, prefix="item") -> pd.Series:
@@ -32,7 +34,7 @@ def difficulty():
 
 def test_identical_models_give_zero_with_a_zero_width_interval(difficulty):
     a = _items(difficulty)
-    e = stats.paired_bootstrap(a, a.copy())
+    e = paired_bootstrap(a, a.copy())
     assert (e.value, e.lo, e.hi) == (0.0, 0.0, 0.0)
     seeds = {s: _items(difficulty + 0.1 * s) for s in range(3)}  # seed noise, but the same on both sides
     e = stats.hierarchical_difference(seeds, {s: v.copy() for s, v in seeds.items()})
@@ -43,7 +45,7 @@ def test_a_planted_shift_is_recovered(difficulty):
     rng = np.random.default_rng(2)
     base = _items(difficulty)
     variant = _items(difficulty - 0.05 + rng.normal(0, 0.03, difficulty.size))
-    e = stats.paired_bootstrap(variant, base)
+    e = paired_bootstrap(variant, base)
     assert e.value == pytest.approx(-0.05, abs=0.005)
     assert e.lo < -0.05 < e.hi and e.hi < 0
     # the textbook paired interval: mean ± 1.96 sd/√n of the per-item differences
@@ -59,7 +61,7 @@ def test_items_pair_by_id_not_by_position(difficulty):
     base = _items(difficulty)
     shuffled = (base + 0.2).sample(frac=1.0, random_state=0)  # same items, another order, one extra item
     shuffled["extra/0"] = 100.0
-    e = stats.paired_bootstrap(shuffled, base)
+    e = paired_bootstrap(shuffled, base)
     assert e.n_items == 300
     assert e.value == pytest.approx(0.2) and _width(e) == pytest.approx(0.0, abs=1e-12)
 
@@ -73,7 +75,7 @@ def test_seed_variation_widens_the_interval(difficulty):
                 for s, off in enumerate(seed_effect[name])}
 
     ntp, mtp = runs("ntp", 0.0), runs("mtp", -0.02)
-    one_seed = stats.paired_bootstrap(mtp[0], ntp[0])
+    one_seed = paired_bootstrap(mtp[0], ntp[0])
     hier = stats.hierarchical_difference(mtp, ntp)
     assert "hierarchical" in hier.method and "paired bootstrap" in one_seed.method
     assert _width(hier) > 3 * _width(one_seed)
@@ -89,7 +91,7 @@ def test_without_seed_variation_hierarchical_is_as_tight_as_paired(difficulty):
     ntp = {s: _items(difficulty) for s in range(3)}
     mtp = {s: _items(difficulty - 0.03 + noise) for s in range(3)}
     hier = stats.hierarchical_difference(mtp, ntp)
-    one = stats.paired_bootstrap(mtp[0], ntp[0])
+    one = paired_bootstrap(mtp[0], ntp[0])
     assert hier.value == pytest.approx(one.value)
     assert _width(hier) == pytest.approx(_width(one), rel=0.1)
 
@@ -106,8 +108,8 @@ def test_unpaired_seed_sets_are_drawn_independently(difficulty):
 
 def test_deterministic_and_empty(difficulty):
     a, b = _items(difficulty), _items(difficulty[::-1])
-    assert stats.paired_bootstrap(a, b) == stats.paired_bootstrap(a, b)
-    assert stats.paired_bootstrap(a, _items(difficulty, prefix="other")) is None  # no common item
+    assert paired_bootstrap(a, b) == paired_bootstrap(a, b)
+    assert paired_bootstrap(a, _items(difficulty, prefix="other")) is None  # no common item
     assert stats.hierarchical_difference({}, {0: a}) is None
 
 

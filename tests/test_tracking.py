@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from helpers import cli_in_process, micro_recipe
 
-from mtp_cli import results, tracking
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
 from mtp_cli.grid import stages
+from mtp_cli.results import folder as results
+from mtp_cli.train import tracking
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -34,7 +35,7 @@ def _event_accumulator(folder: Path):
 
 def test_tensorboard_gets_every_metrics_row(tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard not installed (pip install 'mtp[tensorboard]')")
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     recipe = micro_recipe("sequential", steps=4, depth=2, lambda_=0.3)
     recipe.train.track = "tensorboard"
@@ -62,7 +63,7 @@ def test_tensorboard_gets_every_metrics_row(tmp_path):
 
 def test_eval_and_specbench_headlines_are_logged_after_their_stages(tiny_ablation, tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard not installed (pip install 'mtp[tensorboard]')")
-    from mtp_cli.checkpoint import recipe_of_run
+    from mtp_cli.model.checkpoint import recipe_of_run
 
     run = tmp_path / "seq-d1-s0"
     shutil.copytree(tiny_ablation / results.RUNS / "seq-d1-s0", run, ignore=shutil.ignore_patterns("checkpoint.pt", "export"))
@@ -108,7 +109,7 @@ def _wandb_records(path: Path) -> list:
 
 def test_wandb_offline_run_holds_the_metrics_and_the_recipe(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="wandb not installed (pip install 'mtp[wandb]')")
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT"):
         monkeypatch.delenv(var, raising=False)
@@ -158,7 +159,7 @@ def test_a_tracker_that_is_not_installed_is_one_line_exit_2(monkeypatch, capsys)
 
 
 def test_no_tracker_by_default_writes_nothing_extra(tmp_path):
-    from mtp_cli.train import train
+    from mtp_cli.train.loop import train
 
     run = tmp_path / "run"
     train(micro_recipe("ntp", steps=2), run, show_progress=False)

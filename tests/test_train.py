@@ -15,13 +15,13 @@ import pytest
 import torch
 from helpers import REPO, checkpoint_weights, folder_snapshot, max_state_diff, micro_recipe
 
-from mtp_cli import checkpoint as ckpt
-from mtp_cli import env
-from mtp_cli import train as trainer
-from mtp_cli.config import recipe_from_dict
-from mtp_cli.errors import UserError
+from mtp_cli.base import env
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import recipe_from_dict
+from mtp_cli.config.schedule import lr_at
 from mtp_cli.model import MTPModel, flops
-from mtp_cli.schedule import lr_at
+from mtp_cli.model import checkpoint as ckpt
+from mtp_cli.train import loop as trainer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -324,7 +324,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 def test_inf_gradient_stops_before_the_optimizer_step(tmp_path, monkeypatch):
     recipe = micro_recipe("ntp", steps=4)
     recipe.train.ckpt_every = 1
-    from mtp_cli import parallel
+    from mtp_cli.model import parallel
 
     real = parallel.clip_grad_norm
     calls = {"n": 0}
@@ -472,8 +472,8 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only(tmp_path):
     unembedding forward + input gradient (2 ×); unfrozen, everything is 3 × forward. cost.py agrees."""
     from helpers import tiny_model_config, tiny_recipe
 
-    from mtp_cli import cost
-    from mtp_cli.config import MTPConfig
+    from mtp_cli.config.recipe import MTPConfig
+    from mtp_cli.results import cost
 
     cfg = tiny_model_config()
     d, T, V, L = cfg.d_model, cfg.context, cfg.vocab_size, cfg.n_layers
@@ -538,7 +538,7 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only(tmp_path):
 
 def test_run_json_and_the_summary_carry_the_lambda_schedule(two_seeded_runs):
     """λ 0.3 dropping to 0.1 at half time: run.json and summary.csv say so, not just the starting 0.3."""
-    from mtp_cli import results
+    from mtp_cli.results import folder as results
 
     a, _, _, _ = two_seeded_runs
     stored = json.loads((a / "run.json").read_text())

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from mtp_cli import ui
+from mtp_cli.base import ui
 
 
 def test_a_log_file_gets_plain_lines_at_start_on_marked_steps_and_at_the_end(monkeypatch):
@@ -69,7 +69,7 @@ def test_log_lines_reach_the_log_while_the_work_redirects_stderr(capsys):
 
     from rich.console import Console
 
-    from mtp_cli import ui
+    from mtp_cli.base import ui
 
     bar = ui.LogProgress(Console(stderr=True))
     task = bar.add_task("humaneval: run tests", total=2)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from mtp_cli.base.result_docs import ci_key
 from mtp_cli.bench.forward_cost import forward_costs
 from mtp_cli.decode.engine import engine_for
 from mtp_cli.decode.speculative import make_drafter
-from mtp_cli.result_docs import ci_key
 
 VERIFY_WIDTHS_UP_TO = 4  # t_verify is measured for k = 1..max(4, the draft length)
 

@@ -17,9 +17,9 @@ top candidates for the next token one step verifies) is chosen the same way, aft
 
 from __future__ import annotations
 
+from mtp_cli.base.stats import rate_ratio_ci
 from mtp_cli.bench.measure import measure
 from mtp_cli.bench.runners import Tally, ours_mtp, ours_plain
-from mtp_cli.stats import rate_ratio_ci
 
 TUNING_PROMPTS = 8
 

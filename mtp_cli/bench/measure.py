@@ -10,13 +10,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from mtp_cli.base.result_docs import ci_key
+from mtp_cli.base.stats import median_ci, rate_ratio_ci, ratio_ci
 from mtp_cli.bench.runners import Tally
-from mtp_cli.conditions import Condition
+from mtp_cli.config.conditions import Condition
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.speculative import SpecStats
 from mtp_cli.decode.timing import PhaseTimer
-from mtp_cli.result_docs import ci_key
-from mtp_cli.stats import median_ci, rate_ratio_ci, ratio_ci
 
 LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "hf_generate": "HF generate (greedy)",
           "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted (draft model)",

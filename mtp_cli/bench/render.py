@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from mtp_cli.result_docs import ci_key
-from mtp_cli.tables import Table
+from rich.console import Group
+
+from mtp_cli.base.result_docs import ci_key
+from mtp_cli.base.tables import Table
 
 
 def render_table(report: dict):
@@ -11,8 +13,6 @@ def render_table(report: dict):
     the method's generated tokens inside a repetition loop, "exact" whether its output equals plain
     greedy's on every prompt (else how many; "-" when sampling). Latency and the other intervals are in
     the JSON."""
-    from rich.console import Group
-
     params = report["params"]
     notes = [f"MTP modules: {params['mtp_bytes'] / 1e6:.2f} MB of extra weights"] if params["mtp"] else []
     dv = report.get("draft_vocab")

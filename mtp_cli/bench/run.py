@@ -31,24 +31,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtp_cli import env, outputs, ui
+from mtp_cli.base import env, outputs, ui
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.result_docs import SpecbenchDoc, write_spec
 from mtp_cli.bench.costs import add_forward_costs
 from mtp_cli.bench.draft_select import choose_draft_len, choose_draft_width, tuning_prompts
 from mtp_cli.bench.forward_cost import weight_floor
 from mtp_cli.bench.measure import measure, summarise
 from mtp_cli.bench.runners import applicable, hf_model, methods_for, weight_bytes
 from mtp_cli.bench.schema import JSON_NAME, condition_entry, header, headline
-from mtp_cli.checkpoint import load_run
-from mtp_cli.conditions import HELDOUT, Condition, plan_conditions
-from mtp_cli.config import Runtime, SpecbenchConfig
+from mtp_cli.config.conditions import HELDOUT, Condition, plan_conditions
+from mtp_cli.config.recipe import Runtime, SpecbenchConfig
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.engine import default_compile
 from mtp_cli.decode.speculative import draft_len_for
-from mtp_cli.errors import UserError
-from mtp_cli.result_docs import SpecbenchDoc, write_spec
+from mtp_cli.model.checkpoint import load_run
 
 __all__ = ["JSON_NAME", "run_specbench"]
 
@@ -85,7 +85,7 @@ def _fresh_compiler(compile: bool):
     if not compile:
         yield
         return
-    import torch._dynamo
+    import torch._dynamo  # compiling only
 
     torch._dynamo.reset()
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):

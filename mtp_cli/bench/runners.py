@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mtp_cli.conditions import Condition
+from mtp_cli.config.conditions import Condition
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.speculative import SpecStats, speculative_generate
 from mtp_cli.decode.timing import PhaseTimer
@@ -108,7 +108,7 @@ def ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temper
 
 
 def hf_model(run):
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # transformers: seconds of start-up, only on this path
 
 
     hf_logging.set_verbosity_error()

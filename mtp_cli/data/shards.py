@@ -23,19 +23,17 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from mtp_cli import ui
-from mtp_cli.config import DataConfig
+from mtp_cli.base import outputs, ui
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.files import atomic_write_text, replacing
+from mtp_cli.config.recipe import DataConfig
 from mtp_cli.data import sources
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.errors import UserError
-from mtp_cli.files import atomic_write_text, replacing
 
 
 def cache_root(cfg: DataConfig) -> Path:
     """The cache folder: $MTP_CACHE_DIR, else data.cache_dir; refused in one line where it cannot be a
     writable folder (a file, under /proc)."""
-    from mtp_cli import outputs
-
     flag = "MTP_CACHE_DIR" if os.environ.get("MTP_CACHE_DIR") else "data.cache_dir"
     return outputs.folder(Path(os.environ.get("MTP_CACHE_DIR") or cfg.cache_dir).expanduser(), flag)
 

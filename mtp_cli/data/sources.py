@@ -15,9 +15,9 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from mtp_cli.config import DataConfig
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import DataConfig
 from mtp_cli.data import gsm8k_format
-from mtp_cli.errors import UserError
 
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst"}
 STDLIB_SKIP = {"test", "tests", "site-packages", "dist-packages", "idlelib", "__pycache__", "lib2to3", "turtledemo"}
@@ -93,7 +93,7 @@ def documents(cfg: DataConfig) -> Iterator[str]:
             yield gsm8k_format.document(row["question"], row["answer"])
     else:
         try:
-            import datasets
+            import datasets  # datasets: seconds of start-up, only for data.source = hf
             ds = datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split)
         except Exception as exc:  # network, missing dataset, ...
             raise UserError(f"could not load Hugging Face dataset {cfg.hf_dataset!r}: {str(exc).splitlines()[0]}") from None

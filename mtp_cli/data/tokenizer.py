@@ -6,12 +6,13 @@ every export, so `AutoTokenizer.from_pretrained` reads it back without our code.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
 
 EOS = "<|endoftext|>"
 
@@ -45,5 +46,4 @@ def load(name_or_path: str | Path) -> PreTrainedTokenizerFast:
 
 
 def fingerprint(tok: PreTrainedTokenizerFast) -> str:
-    import hashlib
     return hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:16]

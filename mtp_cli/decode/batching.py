@@ -13,14 +13,14 @@ from collections.abc import Sequence
 
 import torch
 
-from mtp_cli import env
-from mtp_cli.checkpoint import load_run
-from mtp_cli.config import Runtime
+from mtp_cli.base import env
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import Runtime
 from mtp_cli.decode.context import generation_budget, generation_cut
 from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.generate import generate, stop_on_strings
 from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
-from mtp_cli.errors import UserError
+from mtp_cli.model.checkpoint import load_run
 
 BATCH_SIZE = 64
 
@@ -53,12 +53,6 @@ def generate_ids(trunk, tokenizer, prompts: Sequence[Sequence[int]], max_new_tok
         if progress is not None:
             progress.advance(task, len(chunk))
     return out  # type: ignore[return-value]
-
-
-def generate_texts(trunk, tokenizer, prompts: Sequence[str], max_new_tokens: int, **kwargs) -> list[str]:
-    """Completions as text (special tokens dropped); not cut at the stop strings, callers do that."""
-    ids = generate_ids(trunk, tokenizer, [encode(tokenizer, p) for p in prompts], max_new_tokens, **kwargs)
-    return [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
 
 
 def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
 
 ALLOW_FLAG = "--no-truncate"  # the flag that switches cutting off; without it cutting is allowed
 

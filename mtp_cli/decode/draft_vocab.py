@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mtp_cli import corpus
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
+from mtp_cli.corpus import token_data as corpus
 
 COUNT_TOKENS = 50_000_000  # a frequency ranking needs a sample, not a pass over a GPU-scale corpus
 DEFAULT_SHARE = 4  # default draft vocabulary: vocab_size // DEFAULT_SHARE

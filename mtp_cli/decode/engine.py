@@ -346,7 +346,7 @@ class Engine(torch.nn.Module):
         if self.static:  # CUDA graphs: no freezing
             out = compiled(*args)
         else:
-            from torch._inductor import config
+            from torch._inductor import config  # compiling only
 
             config.freezing = True
             try:

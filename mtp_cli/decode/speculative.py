@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from mtp_cli.base.errors import UserError
 from mtp_cli.decode.engine import Engine, Stores, engine_for
 from mtp_cli.decode.generate import StopFn, cache_capacity, next_token, prefill, probs_from_logits
 from mtp_cli.decode.timing import NO_TIMER
-from mtp_cli.errors import UserError
 
 
 @dataclass

@@ -25,17 +25,18 @@ import os
 import socket
 import tempfile
 from pathlib import Path
+from urllib.parse import urlparse
 
 import datasets
 import lm_eval
 import yaml
 from lm_eval.tasks import TaskManager
 
-from mtp_cli import paths, stats
+from mtp_cli.base import paths, stats
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.files import read_json_lines
 from mtp_cli.decode import context as ctxlib
-from mtp_cli.errors import UserError
 from mtp_cli.evals.lm import DEFAULT_MAX_GEN_TOKS, scored_continuation
-from mtp_cli.files import read_json_lines
 
 LOCAL_YAML = Path(__file__).parent / "tasks" / "gsm8k_local.yaml"
 GOLD_YAML = Path(__file__).parent / "tasks" / "gsm8k_gold.yaml"
@@ -92,9 +93,8 @@ def _offline() -> bool:
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
-    from urllib.parse import urlparse
 
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # only for sources on the Hub
 
     url = urlparse(constants.ENDPOINT)
     try:
@@ -221,7 +221,7 @@ def summarize_gold(out: dict, records: dict, generative_task: str) -> dict:
 def _quiet_request_bar():
     """lm-eval draws a tqdm bar while it builds the requests (in lm_eval.api.task); our Rich progress
     view already shows the generation, so that bar is switched off for the call."""
-    import lm_eval.api.task as task_module
+    import lm_eval.api.task as task_module  # lm-eval: seconds of start-up, only on this path
 
     original = getattr(task_module, "tqdm", None)
     if original is None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mtp_cli.result_docs import ci_key, read_eval
-from mtp_cli.run_files import EVAL_JSON
-from mtp_cli.tables import Table
+from mtp_cli.base.result_docs import ci_key, read_eval
+from mtp_cli.base.run_files import EVAL_JSON
+from mtp_cli.base.tables import Table
 
 SCORES = (("humaneval", "pass@1"), ("gsm8k", "exact_match,flexible-extract"), ("gsm8k", "exact_match,strict-match"))
 

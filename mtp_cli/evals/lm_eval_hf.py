@@ -21,14 +21,14 @@ import lm_eval
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
-from mtp_cli import env, outputs, paths, stats, ui
-from mtp_cli.config import EvalConfig, Runtime
-from mtp_cli.errors import UserError
+from mtp_cli.base import env, outputs, paths, stats, ui
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.result_docs import EvalDoc, write_eval
+from mtp_cli.base.run_files import EVAL_JSON, LM_EVAL_JSON
+from mtp_cli.config.recipe import EvalConfig, Runtime
 from mtp_cli.evals import gsm8k, humaneval, humaneval_tasks, sandbox
 from mtp_cli.evals.lm import MTPLM
 from mtp_cli.evals.runner import hf_json_path, hf_run, samples_path, write_rows
-from mtp_cli.result_docs import EvalDoc, write_eval
-from mtp_cli.run_files import EVAL_JSON, LM_EVAL_JSON
 
 TASKS = ("humaneval", "gsm8k")
 HARNESS = "lm-eval hf"

@@ -25,19 +25,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtp_cli import env, outputs, paths, ui
-from mtp_cli.checkpoint import LoadedRun, load_run
-from mtp_cli.config import EVAL_TASKS, EvalConfig, MTPConfig, Runtime, load_recipe, resolve_recipe_path
+from mtp_cli.base import env, outputs, paths, ui
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.result_docs import EvalDoc, write_eval
+from mtp_cli.base.run_files import EVAL_JSON
+from mtp_cli.base.tables import Table
+from mtp_cli.config.recipe import EVAL_TASKS, EvalConfig, MTPConfig, Runtime, load_recipe, resolve_recipe_path
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.decode import context as ctxlib
-from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k, heldout, humaneval, humaneval_tasks, sandbox
 from mtp_cli.evals.lm import MTPLM
 from mtp_cli.model import MTPModel, pretrained
+from mtp_cli.model.checkpoint import LoadedRun, load_run
 from mtp_cli.model.hf import ensure_export, load_export
-from mtp_cli.result_docs import EvalDoc, write_eval
-from mtp_cli.run_files import EVAL_JSON
-from mtp_cli.tables import Table
 
 
 def parse_tasks(tasks: str | Sequence[str]) -> list[str]:

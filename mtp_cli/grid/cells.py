@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtp_cli import paths
-from mtp_cli.config import Recipe, Variant, recipe_data, resolve_recipe_path
+from mtp_cli.base import paths
+from mtp_cli.config.recipe import Recipe, Variant, recipe_data, resolve_recipe_path
 
 
 @dataclass

@@ -12,11 +12,12 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mtp_cli import env, results
-from mtp_cli.dist import dist_info
-from mtp_cli.errors import UserError
-from mtp_cli.files import write_json
+from mtp_cli.base import env
+from mtp_cli.base.dist import dist_info
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.files import write_json
 from mtp_cli.grid.cells import Ablation, Cell
+from mtp_cli.results import folder as results
 
 
 def check_lock(ab: Ablation, force: bool) -> bool:

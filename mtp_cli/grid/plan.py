@@ -8,17 +8,19 @@ import os
 import shlex
 from pathlib import Path
 
-from mtp_cli import paths, results, tracking
-from mtp_cli.conditions import HELDOUT, plan_conditions
-from mtp_cli.config import load_recipe, resolve_recipe_path
-from mtp_cli.cost import Estimator
+from mtp_cli.base import paths
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.tables import Table
+from mtp_cli.config.conditions import HELDOUT, plan_conditions
+from mtp_cli.config.recipe import load_recipe, resolve_recipe_path
 from mtp_cli.data.prompts import load_prompts
-from mtp_cli.errors import UserError
 from mtp_cli.evals import gsm8k
 from mtp_cli.grid import source as source_stage
 from mtp_cli.grid.cells import Ablation, Cell, fingerprint
 from mtp_cli.model.pretrained import given_model_keys
-from mtp_cli.tables import Table
+from mtp_cli.results import folder as results
+from mtp_cli.results.cost import Estimator
+from mtp_cli.train import tracking
 
 RESUME_ENV = "MTP_RESUME_COMMAND"  # set by `make report`: the command a user typed is the one to repeat
 
@@ -122,8 +124,8 @@ def plan_table(ab: Ablation):
     total, unknown = 0.0, 0
     for cell in ab.cells:
         m = cell.recipe.mtp
-        what = {"ntp": "ntp", "sequential": f"sequential D={m.depth} λ={m.weight:g} {m.mtp_input}",
-                "parallel": f"parallel n={m.heads} λ={m.weight:g}"}[m.objective]
+        what = {"ntp": "ntp", "sequential": f"sequential D={m.depth} λ={m.lambda_at():g} {m.mtp_input}",
+                "parallel": f"parallel n={m.heads} λ={m.lambda_at():g}"}[m.objective]
         if not cell.pending:
             rows.append([cell.name, what, "done", "-", ""])
             continue

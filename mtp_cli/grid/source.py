@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtp_cli import results, ui
-from mtp_cli.checkpoint import has_checkpoint
-from mtp_cli.config import load_recipe
-from mtp_cli.errors import UserError
+from mtp_cli.base import ui
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import load_recipe
 from mtp_cli.grid import stages
 from mtp_cli.grid.cells import Ablation, Cell, gsm8k_data
 from mtp_cli.grid.view import GridView
 from mtp_cli.model import gguf, pretrained
+from mtp_cli.model.checkpoint import has_checkpoint
+from mtp_cli.results import folder as results
 
 
 def _is_local(init_from: str) -> bool:

@@ -16,14 +16,16 @@ from pathlib import Path
 
 import torch
 
-from mtp_cli import paths, results, tracking, ui
-from mtp_cli.config import EvalConfig, Recipe, Runtime, recipe_from_dict
-from mtp_cli.dist import dist_info
-from mtp_cli.errors import Terminated, UserError
+from mtp_cli.base import paths, ui
+from mtp_cli.base.dist import dist_info
+from mtp_cli.base.errors import Terminated, UserError
+from mtp_cli.config.recipe import EvalConfig, Recipe, Runtime, recipe_from_dict
 from mtp_cli.grid.cells import Ablation, Cell
 from mtp_cli.grid.lock import now, record_stage_time
 from mtp_cli.grid.view import GridView
 from mtp_cli.model import pretrained
+from mtp_cli.results import folder as results
+from mtp_cli.train import tracking
 
 
 def run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
@@ -74,7 +76,7 @@ def train(cell: Cell, view: GridView) -> None:
     """Train in a fresh process, so that its peak memory is its own (not the ablation's so far) and
     no state leaks between runs. Under torchrun the ranks train in-process (the collectives need them)."""
     if dist_info().world > 1:
-        from mtp_cli.train import train as train_run  # see `export`
+        from mtp_cli.train.loop import train as train_run  # see `export`
 
         resolve_cell(cell)
         train_run(cell.recipe, cell.run_dir, resume=True, show_progress=view.show_nested, restart_without_checkpoint=True)
@@ -120,7 +122,7 @@ class TrainingCrashed(RuntimeError):
 def _train_child(recipe_dict: dict, run_dir: str, threads: int, send) -> None:
     _die_with_parent()
     try:
-        from mtp_cli.train import train as train_run  # see `export`
+        from mtp_cli.train.loop import train as train_run  # see `export`
 
         torch.set_num_threads(threads)  # the ablation's own setting, not the library default
 

@@ -8,9 +8,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from mtp_cli import results, ui
-from mtp_cli.cost import Estimator
+from mtp_cli.base import ui
 from mtp_cli.grid.cells import Ablation, Cell
+from mtp_cli.results import folder as results
+from mtp_cli.results.cost import Estimator
 
 
 class GridView:

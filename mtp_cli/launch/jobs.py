@@ -23,13 +23,13 @@ from pathlib import Path
 
 import submitit
 
-from mtp_cli import results
-from mtp_cli.config import Recipe, Variant, from_dict, recipe_from_dict
-from mtp_cli.dist import dist_info
+from mtp_cli.base.dist import dist_info
+from mtp_cli.config.recipe import Recipe, Variant, from_dict, recipe_from_dict
 from mtp_cli.grid.cells import Ablation, Cell
 from mtp_cli.grid.lock import locked
 from mtp_cli.grid.view import GridView
 from mtp_cli.launch.records import GROUPS
+from mtp_cli.results import folder as results
 
 
 def cell_spec(ab: Ablation, cell: Cell) -> dict:

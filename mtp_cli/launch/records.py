@@ -11,8 +11,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mtp_cli.errors import UserError
-from mtp_cli.files import write_json
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.files import write_json
 
 # The job groups: which stages each kind of job runs.
 GROUPS = {"train": ("train",), "eval": ("export", "eval"), "specbench": ("specbench",)}

@@ -6,10 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtp_cli import paths, results
+from rich.markup import escape
+from rich.table import Table
+
+from mtp_cli.base import paths
 from mtp_cli.grid.cells import Ablation
 from mtp_cli.grid.plan import plan
 from mtp_cli.launch.records import GROUP_OF, job_state, read_jobs, refresh_states
+from mtp_cli.results import folder as results
 
 LOG_TAIL_LINES = 3
 
@@ -57,9 +61,6 @@ def grid_status(ab: Ablation) -> list[StageState]:
 
 
 def status_table(ab, rows: list[StageState]):
-    from rich.markup import escape
-    from rich.table import Table
-
     colors = {"done": "green", "queued": "cyan", "running": "yellow", "failed": "red", "to do": "white"}
     table = Table(title=f"mtp ablate {ab.recipe.name}: {ab.results_dir}", title_justify="left")
     for col in ("run", "stage", "state", "job", "detail"):

@@ -17,12 +17,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtp_cli import results, ui
-from mtp_cli.config import LauncherConfig, time_minutes
-from mtp_cli.errors import UserError
-from mtp_cli.files import write_json
+from mtp_cli.base import ui
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.files import write_json
+from mtp_cli.config.recipe import LauncherConfig, time_minutes
 from mtp_cli.launch.records import ACTIVE, GROUPS, job_state, read_jobs, record_job, refresh_states, require_submitit
 from mtp_cli.launch.status import grid_status
+from mtp_cli.results import folder as results
 
 
 @dataclass
@@ -43,7 +44,7 @@ def job_folder(ab, launcher: LauncherConfig) -> Path:
 def make_executor(ab, launcher: LauncherConfig, cluster: str, group: str, dependency: str | None = None):
     """A submitit executor for one kind of job: the training over `nodes` × `gpus_per_node`, the others
     on one GPU of one node; Slurm settings from the [launcher] recipe section and its flags."""
-    import submitit
+    import submitit  # optional dependency (.[slurm])
 
     executor = submitit.AutoExecutor(folder=job_folder(ab, launcher) / "%j", cluster=cluster)
     train = group == "train"
@@ -70,7 +71,7 @@ def make_executor(ab, launcher: LauncherConfig, cluster: str, group: str, depend
 
 def _submit(executor, calls: list, what: str) -> list:
     """Submit callables (several: one job array); sbatch's refusal is one line with its own message."""
-    import submitit
+    import submitit  # optional dependency (.[slurm])
 
     caught = io.StringIO()
     try:  # clean_env: submitted from inside a Slurm job, the new jobs must not inherit its SLURM_* settings
@@ -93,7 +94,7 @@ def submit_ablation(ab, launcher: LauncherConfig, wait: bool = False, show_progr
     """Submit the grid's missing stages (nothing twice); with `wait`, follow them until they finish."""
     require_submitit()
     if cluster == "slurm":
-        import submitit
+        import submitit  # optional dependency (.[slurm])
 
         if submitit.SlurmExecutor.affinity() < 0:
             raise UserError("--launcher slurm: srun not found; run `mtp ablate` on a Slurm login node "

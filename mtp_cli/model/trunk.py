@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtp_cli.config import ModelConfig
+from mtp_cli.config.recipe import ModelConfig
 
 
 def wide_linear(x: torch.Tensor, weight: torch.Tensor, owner: nn.Module) -> torch.Tensor:

@@ -1,0 +1,66 @@
+"""Frozen-trunk states on disk, so that runs training modules on one frozen trunk run it once per batch.
+
+A frozen trunk gives the same states for the same batch every time. Runs that draw the same batches
+(the variants of a post-hoc recipe on one corpus and data order, or a resumed run) would each run the
+whole trunk forward over them, which on a real pretrained model costs more than training the module.
+This cache stores, per step and micro-batch, the input of the trunk's last layer and its next-token
+loss (`MTPModel.frozen_pass`) under `<cache>/trunk_states/<key>/`. The key hashes the trunk's weights
+with everything that decides a batch (the token data, context, batch size, data order, rank and world
+size, micro-batches) and how it is computed (device type, dtype), so a different trunk or batch never
+reads another's states. A hit is bit-identical to recomputing (the test compares them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from mtp_cli.base.files import replacing
+from mtp_cli.model.mtp import FrozenTrunk, MTPModel
+
+
+def batch_settings(recipe) -> dict:
+    """The recipe's settings that decide a run's batches beside its token data (part of the cache key)."""
+    t = recipe.train
+    return {"context": recipe.model.context, "batch_size": t.batch_size, "order_seed": t.order_seed,
+            "grad_accum": t.grad_accum}
+
+
+def weights_sha256(module: torch.nn.Module) -> str:
+    """A hash of a module's parameters and buffers: names, shapes, dtypes and bytes."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class TrunkStateCache:
+    """One run's view of the cache: `get(step, micro, idx, targets, total)` returns the stored
+    `FrozenTrunk` of that micro-batch, computing and storing it on a miss."""
+
+    def __init__(self, root: Path, model: MTPModel, batch_key: dict):
+        trunk_sha = weights_sha256(model.trunk)
+        key = hashlib.sha256(json.dumps({"trunk": trunk_sha, **batch_key}, sort_keys=True).encode()).hexdigest()[:20]
+        self.dir = Path(root) / "trunk_states" / key
+        self.model = model
+        self.hits = self.misses = 0
+
+    def get(self, step: int, micro: int, idx: torch.Tensor, targets: torch.Tensor,
+            total: float | None) -> FrozenTrunk:
+        path = self.dir / f"step{step:07d}-{micro:03d}.pt"
+        if path.is_file():
+            stored = torch.load(path, map_location=idx.device, weights_only=True)
+            self.hits += 1
+            return FrozenTrunk(stored["shared"], stored["loss_main"])
+        frozen = self.model.frozen_pass(idx, targets, total)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with replacing(path, f".{os.getpid()}") as tmp:
+            torch.save({"shared": frozen.shared.cpu(), "loss_main": frozen.loss_main.cpu()}, tmp)
+        self.misses += 1
+        return frozen
