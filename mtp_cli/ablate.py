@@ -24,12 +24,13 @@ from mtp_cli.results import folder as results
 def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, seeds: list[int] | None = None,
                  dry_run: bool = False, force: bool = False, results_root: str | Path = paths.RESULTS_ROOT,
                  show_progress: bool = True, gsm8k_data: str | Path | None = None, launcher: dict | None = None,
-                 track: str | None = None, wait: bool = False) -> Ablation:
+                 track: str | None = None, wait: bool = False, threads: int | None = None) -> Ablation:
     """Run (or with dry_run only plan) the grid; returns the plan, with `summary` set after a real run.
     A dry run checks what the real run checks first (recipe, lock, output folder, GSM8K, prompts).
     `launcher`: overrides of the recipe's [launcher] section (kind "slurm" submits jobs, see mtp_cli.launch);
-    `track`: overrides train.track of every run."""
+    `track`: overrides train.track of every run; `threads`: every stage's torch CPU threads."""
     ab = plan.plan(recipe_path, only, seeds, results_root, gsm8k_data)
+    ab.threads = threads
     ab.resume_command = plan.resume_command(recipe_path, only, seeds, results_root, gsm8k_data, track)
     stale = lock.check_lock(ab, force)
     settings = plan.launch_settings(ab, launcher, track, wait)
@@ -46,6 +47,7 @@ def run_ablation(recipe_path: str | Path, only: str | list[str] | None = None, s
         lock.discard(ab.results_dir)
         ab = plan.plan(recipe_path, only, seeds, results_root, gsm8k_data)
         ab.resume_command = plan.resume_command(recipe_path, only, seeds, results_root, gsm8k_data, track)
+        ab.threads = threads
         plan.launch_settings(ab, launcher, track, wait)
     lock.write_lock(ab)
     if settings.kind != "local":

@@ -77,37 +77,15 @@ def train(
 ) -> None:
     """Train one model (NTP, sequential MTP or parallel heads) into a run folder."""
     from mtp_cli.base import outputs
-    from mtp_cli.config.recipe import load_recipe, objective_from_flags, resolve_recipe_path
     from mtp_cli.model import checkpoint as ckpt
-    from mtp_cli.model import pretrained
     from mtp_cli.train import loop as trainer
+    from mtp_cli.train.flags import recipe_from_flags
 
     _use_threads(threads)
-    if resume and out is not None and recipe is None:
-        r = ckpt.recipe_of_run(out)
-        if init_from is not None and init_from != r.train.init_from:
-            raise UserError(f"--init-from {init_from}: the run in {out} started from "
-                            f"{r.train.init_from or 'a random init'}; resume it without --init-from")
-    else:
-        r = load_recipe(recipe or "quick")
-        r.override("train", init_from=init_from)
-        if r.train.init_from:  # the checkpoint decides [model]; the default recipe's never applies
-            given = pretrained.given_model_keys(resolve_recipe_path(recipe)) if recipe else set()
-            pretrained.resolve_recipe(r, given)
-            if not recipe and lr is None:
-                ui.console.print(f"warning: --init-from without --recipe trains at the quick recipe's lr {r.train.lr:g}, "
-                                 "set for a random init; pass --lr or a recipe (e.g. gpu-smollm2-135m)",
-                                 markup=False, soft_wrap=True)
-    objective = objective_from_flags(r.mtp.objective, objective, depth, heads, lam)
-    r.override("mtp", objective=objective, depth=depth, heads=heads, lambda_=lam, lambda_final=lambda_final,
-               lambda_switch=lambda_switch, mtp_input=mtp_input)
-    r.override("train", steps=steps, batch_size=batch_size, lr=lr, seed=seed, data_seed=data_seed, device=device,
-               compile=compile, freeze_trunk=freeze_trunk, track=track)
-    if data:
-        r.override("data", source="files", paths=list(data))
-    if fsdp is not None:
-        r.override("train", parallel="fsdp" if fsdp else "ddp")
-    r.validate()
+    r = recipe_from_flags(recipe, out, resume, init_from, objective=objective, depth=depth, heads=heads, lam=lam,
+                          lambda_final=lambda_final, lambda_switch=lambda_switch, mtp_input=mtp_input, data=data,
+                          fsdp=fsdp, steps=steps, batch_size=batch_size, lr=lr, seed=seed, data_seed=data_seed,
+                          device=device, compile=compile, freeze_trunk=freeze_trunk, track=track)
     out = outputs.folder(out or Path("runs") / trainer.default_run_name(r), "--out")
     if resume and not (out / ckpt.RUN_JSON).is_file():
         raise UserError(f"--resume: {out} holds no run to continue")
@@ -394,7 +372,7 @@ def ablate(
                 "folder": str(job_folder) if job_folder else None}
     ab = ablation.run_ablation(recipe, only=only, seeds=seed_list, dry_run=dry_run, force=force,
                                results_root=results_root, gsm8k_data=gsm8k_data, launcher=settings, track=track,
-                               wait=wait)
+                               wait=wait, threads=threads)
     if dry_run:
         ui.out.print(plan_table(ab))
         return

@@ -438,3 +438,41 @@ def test_the_training_child_logs_making_its_data_only_outside_a_terminal(monkeyp
         stages._train_child(Recipe().to_dict(), "unused", torch.get_num_threads(), pipe)
     assert sent == [("ok", ""), ("ok", "")]
     assert [(c["show_progress"], c["data_progress"]) for c in calls] == [(False, True), (False, False)]
+
+
+def test_the_ablations_threads_reach_every_stage_by_value(tmp_path, monkeypatch):
+    """`--threads` travels as the ablation's value to the training child and to eval's runtime, not through
+    torch's global: with the global at 2, a grid asked for 1 thread trains and evaluates with 1 (the
+    child's run.json records it). Control: asked for nothing, with the parent's global at 1, the child keeps
+    torch's own default and eval's runtime leaves the threads alone."""
+    import torch
+
+    from mtp_cli.ablate import run_ablation
+    from mtp_cli.grid import stages
+
+    seen = []
+    real_runtime = stages.runtime
+    monkeypatch.setattr(stages, "runtime", lambda ab, recipe: seen.append(ab.threads) or real_runtime(ab, recipe))
+    recipe = tmp_path / "threads.toml"
+    recipe.write_text(ablation_toml("threads", steps=2, eval_tasks=("heldout",), specbench=False,
+                                    variants='[[variants]]\nname = "ntp"\n'))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ab = run_ablation(recipe, results_root=tmp_path / "results", show_progress=False, threads=1)
+    finally:
+        torch.set_num_threads(before)
+    assert not ab.failures, ab.failures
+    run = json.loads((ab.results_dir / "runs" / "ntp-s0" / "run.json").read_text())
+    assert run["env"]["torch_threads"] == 1 and seen == [1]
+    fresh = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                               capture_output=True, text=True, check=True).stdout)
+    if fresh == 1:
+        pytest.skip("torch's default here is 1 thread: the control cannot tell it from the parent's")
+    torch.set_num_threads(1)
+    try:
+        control = run_ablation(recipe, results_root=tmp_path / "control", show_progress=False)
+    finally:
+        torch.set_num_threads(before)
+    run = json.loads((control.results_dir / "runs" / "ntp-s0" / "run.json").read_text())
+    assert run["env"]["torch_threads"] == fresh and seen[-1] is None

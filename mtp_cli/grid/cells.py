@@ -41,6 +41,7 @@ class Ablation:
     failures: list[str] = field(default_factory=list)
     extra_stages: list[str] = field(default_factory=list)  # "source" / "baseline" still to do (grid.source)
     resume_command: str = ""  # the command that carries on this ablation, printed on Ctrl-C
+    threads: int | None = None  # --threads: every stage's torch CPU threads, passed to each (None: torch's default)
 
 
 def fingerprint(source: Path) -> str:

@@ -82,7 +82,7 @@ def make_source(ab: Ablation, show_progress: bool = True) -> Path:
         view = GridView(ab, [(cell, ["train"])], disable=not show_progress)
         with view.progress:
             view.start(cell, "train")
-            stages.train(cell, view)
+            stages.train(ab, cell, view)
     return ensure_export(run_dir, run_dir / results.EXPORT)
 
 
@@ -104,6 +104,6 @@ def run_baseline(ab: Ablation, show_progress: bool = True) -> Path:
 
     path = results.baseline_json(ab.results_dir)
     ui.console.print(f"baseline: evaluating {baseline_source(ab)} as it is", highlight=False)
-    run_eval(None, stages.eval_config(ab.recipe, gsm8k_data(ab.recipe)), stages.runtime(ab.recipe),  # the runs' settings
+    run_eval(None, stages.eval_config(ab.recipe, gsm8k_data(ab.recipe)), stages.runtime(ab, ab.recipe),  # the runs' settings
              hf=baseline_source(ab), recipe=str(ab.source), json_path=path, show_progress=show_progress)
     return path

@@ -23,9 +23,9 @@ from mtp_cli.config.recipe import EvalConfig, Recipe, Runtime, recipe_from_dict
 from mtp_cli.grid.cells import Ablation, Cell
 from mtp_cli.grid.lock import now, record_stage_time
 from mtp_cli.grid.view import GridView
-from mtp_cli.model import pretrained
 from mtp_cli.results import folder as results
 from mtp_cli.train import tracking
+from mtp_cli.train.flags import resolve_init
 
 
 def run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
@@ -34,7 +34,7 @@ def run_stage(ab: Ablation, cell: Cell, stage: str, view: GridView) -> bool:
     cell.run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     try:
-        STAGE_FUNCS[stage](cell, view)
+        STAGE_FUNCS[stage](ab, cell, view)
     except (UserError, KeyboardInterrupt):
         raise
     except Exception as exc:  # a crash in one run must not cost the others
@@ -67,12 +67,11 @@ def track_stage(recipe: Recipe, run_dir: str | Path, stage: str) -> None:
 
 
 def resolve_cell(cell: Cell) -> None:
-    """The cell's [model] from its init_from checkpoint (after the source stage made it)."""
-    if cell.recipe.train.init_from:
-        pretrained.resolve_recipe(cell.recipe, cell.model_keys)
+    """The cell's [model] from its init_from checkpoint (after the source stage made it), as `mtp train` does."""
+    resolve_init(cell.recipe, cell.model_keys)
 
 
-def train(cell: Cell, view: GridView) -> None:
+def train(ab: Ablation, cell: Cell, view: GridView) -> None:
     """Train in a fresh process, so that its peak memory is its own (not the ablation's so far) and
     no state leaks between runs. Under torchrun the ranks train in-process (the collectives need them)."""
     if dist_info().world > 1:
@@ -85,7 +84,7 @@ def train(cell: Cell, view: GridView) -> None:
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_train_child, name=f"train {cell.name}",
-                        args=(cell.recipe.to_dict(), str(cell.run_dir), torch.get_num_threads(), send))
+                        args=(cell.recipe.to_dict(), str(cell.run_dir), ab.threads, send))
     child.start()
     send.close()
     try:
@@ -119,12 +118,13 @@ class TrainingCrashed(RuntimeError):
         self.details = details
 
 
-def _train_child(recipe_dict: dict, run_dir: str, threads: int, send) -> None:
+def _train_child(recipe_dict: dict, run_dir: str, threads: int | None, send) -> None:
     _die_with_parent()
     try:
         from mtp_cli.train.loop import train as train_run  # see `export`
 
-        torch.set_num_threads(threads)  # the ablation's own setting, not the library default
+        if threads is not None:  # the ablation's --threads; else torch's default, as in the ablation itself
+            torch.set_num_threads(threads)
 
         # the ablation's view draws training from metrics.jsonl; making the data (minutes of self-distilled
         # text) writes nothing there, so in a log the child prints its own plain lines for it
@@ -147,7 +147,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def export(cell: Cell, view: GridView) -> None:
+def export(ab: Ablation, cell: Cell, view: GridView) -> None:
     # imported when the stage runs: transformers, lm-eval and the trainer cost seconds of start-up that
     # `mtp ablate --dry-run` and the Slurm submitter do not need
     from transformers.utils import logging as hf_logging
@@ -158,10 +158,9 @@ def export(cell: Cell, view: GridView) -> None:
     ensure_export(cell.run_dir, cell.run_dir / results.EXPORT)
 
 
-def runtime(recipe: Recipe) -> Runtime:
-    """Where a cell's eval and specbench run: the recipe's training device; the threads are the
-    ablation's own (already set in this process)."""
-    return Runtime(device=recipe.train.device)
+def runtime(ab: Ablation, recipe: Recipe) -> Runtime:
+    """Where a cell's eval and specbench run: the recipe's training device, with the ablation's threads."""
+    return Runtime(device=recipe.train.device, threads=ab.threads)
 
 
 def eval_config(recipe: Recipe, gsm8k: Path | None) -> EvalConfig:
@@ -169,17 +168,17 @@ def eval_config(recipe: Recipe, gsm8k: Path | None) -> EvalConfig:
     return dataclasses.replace(recipe.eval, gsm8k_data=str(gsm8k or paths.HUB))
 
 
-def evaluate(cell: Cell, view: GridView) -> None:
+def evaluate(ab: Ablation, cell: Cell, view: GridView) -> None:
     from mtp_cli.evals.runner import run_eval  # see `export`
 
-    run_eval(cell.run_dir, eval_config(cell.recipe, cell.gsm8k), runtime(cell.recipe),
+    run_eval(cell.run_dir, eval_config(cell.recipe, cell.gsm8k), runtime(ab, cell.recipe),
              json_path=cell.run_dir / results.EVAL_JSON, show_progress=view.show_nested)
 
 
-def specbench(cell: Cell, view: GridView) -> None:
+def specbench(ab: Ablation, cell: Cell, view: GridView) -> None:
     from mtp_cli.bench.run import run_specbench  # see `export`
 
-    rt = dataclasses.replace(runtime(cell.recipe), compile=cell.recipe.specbench.compile)
+    rt = dataclasses.replace(runtime(ab, cell.recipe), compile=cell.recipe.specbench.compile)
     run_specbench(cell.run_dir, cell.recipe.specbench, rt, gsm8k_data=cell.gsm8k,
                   json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested)
 

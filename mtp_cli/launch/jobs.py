@@ -36,7 +36,8 @@ def cell_spec(ab: Ablation, cell: Cell) -> dict:
     return {"recipe_name": ab.recipe.name, "fingerprint": ab.fingerprint, "source": str(ab.source),
             "results_dir": str(ab.results_dir), "variant": asdict(cell.variant), "seed": cell.seed,
             "recipe": cell.recipe.to_dict(), "run_dir": str(cell.run_dir),
-            "gsm8k": str(cell.gsm8k.resolve()) if cell.gsm8k else None}  # as resolved where the grid was submitted
+            "gsm8k": str(cell.gsm8k.resolve()) if cell.gsm8k else None,  # as resolved where the grid was submitted
+            "threads": ab.threads}
 
 
 def cell_from_spec(spec: dict):
@@ -45,7 +46,7 @@ def cell_from_spec(spec: dict):
                        recipe_from_dict(spec["recipe"]), Path(spec["run_dir"]),
                        gsm8k=Path(spec["gsm8k"]) if spec.get("gsm8k") else None)
     ab = Ablation(Recipe(name=spec["recipe_name"]), Path(spec["source"]), Path(spec["results_dir"]),
-                         [cell], spec["fingerprint"])
+                         [cell], spec["fingerprint"], threads=spec.get("threads"))
     return ab, cell
 
 
