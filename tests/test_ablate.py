@@ -304,11 +304,11 @@ def test_a_crashing_stage_costs_only_its_own_run(tiny_ablation, tmp_path, monkey
     (folder / "runs" / "seq-d1-s0" / "specbench.json").unlink()
     ran = []
 
-    def boom(cell, view):
+    def boom(ab, cell, view):
         raise RuntimeError("boom")
 
     monkeypatch.setitem(stages.STAGE_FUNCS, "eval", boom)
-    monkeypatch.setitem(stages.STAGE_FUNCS, "specbench", lambda cell, view: ran.append(cell.name))
+    monkeypatch.setitem(stages.STAGE_FUNCS, "specbench", lambda ab, cell, view: ran.append(cell.name))
     source = results.read_lock(folder)["source"]
     code, out, err = mtp("ablate", "--recipe", source, "--results-root", tmp_path / "res", capsys=capsys)
     assert code == 1
@@ -412,11 +412,12 @@ def test_the_specbench_stage_compiles_as_its_recipe_says(tmp_path, monkeypatch, 
 
     import mtp_cli.bench.run as bench_run
 
-    cell = grid_plan.plan("quick", results_root=tmp_path).cells[0]
+    ab = grid_plan.plan("quick", results_root=tmp_path)
+    cell = ab.cells[0]
     cell.recipe.specbench.compile = compile_
     seen = {}
     monkeypatch.setattr(bench_run, "run_specbench", lambda run_dir, cfg, rt, **kw: seen.update(rt=rt, cfg=cfg))
-    stages.STAGE_FUNCS["specbench"](cell, types.SimpleNamespace(show_nested=False))
+    stages.STAGE_FUNCS["specbench"](ab, cell, types.SimpleNamespace(show_nested=False))
     assert seen["rt"].compile is compile_ and seen["cfg"] is cell.recipe.specbench
     assert seen["rt"].device == cell.recipe.train.device
 
