@@ -6,6 +6,7 @@ plain Markdown when not printed to a terminal."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 
@@ -211,3 +212,23 @@ def test_the_readmes_own_data_line_parses_as_written():
 @pytest.mark.slow
 def test_every_readme_command_runs_at_tiny_scale():
     assert _check_readme().main([]) == 0
+
+
+def test_committed_tokenizers_are_stored_once():
+    """Each distinct tokenizer is tracked once, under results/tokenizers/, and every committed run's
+    tokenizer is a relative link to it that loads. Control: the 15 copies it replaced were byte-identical."""
+    import hashlib
+
+    from mtp_cli.data import tokenizer as toklib
+
+    names = subprocess.run(["git", "ls-files", "results"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    stored = [n for n in names if n.endswith("/tokenizer.json")]
+    digests = [hashlib.sha256((REPO / n).read_bytes()).hexdigest() for n in stored]
+    assert len(set(digests)) == len(digests) and all(n.startswith("results/tokenizers/") for n in stored), stored
+    links = [REPO / n for n in names if n.endswith("/tokenizer") and (REPO / n).is_symlink()]
+    assert links
+    for link in links:
+        target = link.resolve()
+        assert target.parent == (REPO / "results" / "tokenizers").resolve() and not os.path.isabs(os.readlink(link))
+        assert target.name.endswith(toklib.fingerprint(toklib.load(link)))

@@ -164,3 +164,21 @@ def test_ctrl_c_and_out_of_memory_outside_the_loop_are_one_line(tmp_path, monkey
     code, _, err = cli_in_process("train", "--recipe", recipe, "--out", tmp_path / "b", capsys=capsys)
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("data: ")]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: out of memory"), err
+
+
+def test_a_shared_tokenizer_link_is_never_written_through(run, tmp_path, capsys):
+    """A run whose tokenizer/ links to a shared copy (as the committed runs do, results/tokenizers/):
+    resuming keeps the link and leaves the copy as it was; --force gives the new run its own folder and
+    leaves the copy as it was."""
+    shared = tmp_path / "tokenizers" / "bpe"
+    shutil.copytree(run / "tokenizer", shared)
+    shutil.rmtree(run / "tokenizer")
+    (run / "tokenizer").symlink_to(os.path.relpath(shared, run))
+    before = folder_snapshot(shared)
+    code, _, err = cli_in_process("train", "--out", run, "--resume", "--steps", "3", capsys=capsys)
+    assert code == 0 and (run / "tokenizer").is_symlink() and folder_snapshot(shared) == before, err
+    recipe = write_recipe(micro_recipe("ntp", steps=2), tmp_path / "micro.toml")
+    code, _, err = cli_in_process("train", "--recipe", recipe, "--out", run, "--force", capsys=capsys)
+    assert code == 0, err
+    assert not (run / "tokenizer").is_symlink() and (run / "tokenizer" / "tokenizer.json").is_file()
+    assert folder_snapshot(shared) == before

@@ -90,6 +90,8 @@ def check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool, restart_
     if force:  # replace the run's own files only; anything else in the folder is the user's
         for name in (ckpt.CHECKPOINT, ckpt.RUN_JSON, ckpt.METRICS, ckpt.CHECKPOINT + ".tmp"):
             (out / name).unlink(missing_ok=True)
+        if (out / ckpt.TOKENIZER).is_symlink():  # a shared copy (results/tokenizers/): unlinked, never written through
+            (out / ckpt.TOKENIZER).unlink()
         shutil.rmtree(out / ckpt.TOKENIZER, ignore_errors=True)
         sharded_checkpoint.remove(out)
         return False
@@ -290,7 +292,11 @@ def _train_locked(recipe: Recipe, out: Path, ddp: DistInfo, device: torch.device
             return finished  # finished already: nothing to train, nothing rewritten (run.json keeps its numbers)
     if ddp.main:
         _truncate_metrics(out / ckpt.METRICS, start_step)
-        data.tokenizer.save_pretrained(out / ckpt.TOKENIZER)
+        tokenizer_dir = out / ckpt.TOKENIZER
+        if tokenizer_dir.is_symlink() and not do_resume:  # a shared copy (results/tokenizers/): this run gets its own
+            tokenizer_dir.unlink()
+        if not tokenizer_dir.is_symlink():  # resuming, a shared copy was checked to be this very tokenizer: kept
+            data.tokenizer.save_pretrained(tokenizer_dir)
     run = _Training(recipe, out, ddp, device, data, model, optimizer, source, start_step,
                     run_clock.RunClock.resumed(clock_state, start_step, segment_t0))
     step, last_val = run.loop(resumed=do_resume, show_progress=show_progress)
