@@ -87,7 +87,7 @@ def test_dry_run_uses_measured_times(tiny_ablation, capsys):
     ab = ablate.run_ablation(source, seeds=[0, 1, 7], dry_run=True, results_root=tiny_ablation.parent)
     pending = {c.name: c.pending for c in ab.cells}
     assert pending["ntp-s0"] == [] and pending["ntp-s7"][:2] == ["train", "export"]
-    from mtp_cli.results.cost import Estimator
+    from mtp_cli.results.estimate import Estimator
 
     est = Estimator(ab.results_dir, ab.recipe)
     cell = next(c for c in ab.cells if c.name == "ntp-s7")

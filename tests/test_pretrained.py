@@ -436,7 +436,7 @@ def test_dry_run_counts_making_the_self_distilled_text_once_until_it_is_cached(c
     from mtp_cli.corpus import selfdistill
     from mtp_cli.data import shards
     from mtp_cli.model import flops
-    from mtp_cli.results import cost
+    from mtp_cli.results import estimate as cost
 
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("one two three four five six seven eight " * 30)

@@ -349,7 +349,7 @@ def test_committed_posthoc_report_has_the_before_row(tmp_path):
     assert "context 1024" in text.split("## Training evidence")[0]
     assert "| source (before) | – |" in text and "trunk scores equal the source's: yes" in text
     from mtp_cli.config.recipe import recipe_from_dict
-    from mtp_cli.results.cost import training_flops
+    from mtp_cli.results.estimate import training_flops
 
     run_json = folder / "runs" / "seq-d1-self-s0" / "run.json"
     stored = json.loads(run_json.read_text())

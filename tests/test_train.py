@@ -473,7 +473,7 @@ def test_flops_per_token_counts_a_frozen_trunk_forward_only(tmp_path):
     from helpers import tiny_model_config, tiny_recipe
 
     from mtp_cli.config.recipe import MTPConfig
-    from mtp_cli.results import cost
+    from mtp_cli.results import estimate as cost
 
     cfg = tiny_model_config()
     d, T, V, L = cfg.d_model, cfg.context, cfg.vocab_size, cfg.n_layers

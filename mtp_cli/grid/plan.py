@@ -19,7 +19,7 @@ from mtp_cli.grid import source as source_stage
 from mtp_cli.grid.cells import Ablation, Cell, fingerprint
 from mtp_cli.model.pretrained import given_model_keys
 from mtp_cli.results import folder as results
-from mtp_cli.results.cost import Estimator
+from mtp_cli.results.estimate import Estimator
 from mtp_cli.train import tracking
 
 RESUME_ENV = "MTP_RESUME_COMMAND"  # set by `make report`: the command a user typed is the one to repeat

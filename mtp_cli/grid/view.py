@@ -11,7 +11,7 @@ from pathlib import Path
 from mtp_cli.base import ui
 from mtp_cli.grid.cells import Ablation, Cell
 from mtp_cli.results import folder as results
-from mtp_cli.results.cost import Estimator
+from mtp_cli.results.estimate import Estimator
 
 
 class GridView:

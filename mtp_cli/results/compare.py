@@ -8,7 +8,7 @@ floors, and speculative acceptance, each with the interval that fits the data st
   Welch's t when no seed is common; with one seed no interval over seeds, and the two runs' own
   intervals combined, √(h₁² + h₂²), as the evaluation-set interval.
 
-Which runs each Δ-table row compares, and what it varies, is `comparisons`.
+Which runs each Δ-table row compares, and what it varies, is `delta_rows`.
 """
 
 from __future__ import annotations

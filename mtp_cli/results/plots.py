@@ -7,7 +7,7 @@ speedup_vs_batch     measured MTP speedup over our greedy against batch size (lo
 quality_differences  variant − NTP for each quality metric, with its 95% interval over seeds, and the noise floors
 paired_differences   per-item Δ (gold bits/byte, held-out windows) per variant vs NTP, with the noise floors
 
-Every number comes from the results model (`resultset`) and `compare`/`comparisons`, as in the report's tables.
+Every number comes from the results model (`resultset`) and `compare`/`delta_rows`, as in the report's tables.
 Where no interval over seeds exists (one seed, one pair of seeds) the evaluation-set interval is drawn
 instead, thin and dashed, and the caption says so.
 """
@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 from mtp_cli.base import stats  # noqa: E402
 from mtp_cli.base.result_docs import ci_key
-from mtp_cli.results import compare, comparisons
+from mtp_cli.results import compare, delta_rows
 from mtp_cli.results import folder as results
 
 
@@ -191,7 +191,7 @@ def _whisker(ax, x, e, scale: float, color, marker: str = "o") -> bool:
 def _rows(r):
     """The Δ-table rows with a colour each: variants in their colour, noise floors in grey."""
     colors = _colors(r.variants)
-    return [(c, colors[c.variant] if c.kind == comparisons.VARIANT else "grey") for c in comparisons.comparisons(r)]
+    return [(c, colors[c.variant] if c.kind == delta_rows.VARIANT else "grey") for c in delta_rows.comparisons(r)]
 
 
 def quality_differences(r, path: Path) -> str | None:
@@ -199,9 +199,9 @@ def quality_differences(r, path: Path) -> str | None:
     if base is None:
         return None
     rows = _rows(r)
-    deltas = {m: {c.label: comparisons.estimate(r, c, m) for c, _ in rows} for m in r.quality_metrics}
+    deltas = {m: {c.label: delta_rows.estimate(r, c, m) for c, _ in rows} for m in r.quality_metrics}
     metrics = [m for m in deltas if any(isinstance(e, stats.Estimate) and not e.all_zero for e in deltas[m].values())]
-    if not any(c.kind == comparisons.VARIANT for c, _ in rows) or not metrics:
+    if not any(c.kind == delta_rows.VARIANT for c, _ in rows) or not metrics:
         return None
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 4.2), squeeze=False)
     dashed = False
@@ -210,7 +210,7 @@ def quality_differences(r, path: Path) -> str | None:
         for i, (c, color) in enumerate(rows):
             e = deltas[m][c.label]
             if isinstance(e, stats.Estimate):
-                dashed |= _whisker(ax, i, e, scale, color, "s" if c.kind != comparisons.VARIANT else "o")
+                dashed |= _whisker(ax, i, e, scale, color, "s" if c.kind != delta_rows.VARIANT else "o")
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_xticks(range(len(rows)))
@@ -240,10 +240,10 @@ def paired_differences(r, path: Path) -> str | None:
             continue
         columns = []
         for c, color in rows:
-            e = comparisons.estimate(r, c, m)
+            e = delta_rows.estimate(r, c, m)
             if not isinstance(e, stats.Estimate):
                 continue
-            if c.kind == comparisons.PAIR:
+            if c.kind == delta_rows.PAIR:
                 pair = compare.noise_floor_seeds(r)
                 per_item = _per_item_delta({0: base_items[pair[1]]}, {0: base_items[pair[0]]})
             else:
@@ -252,7 +252,7 @@ def paired_differences(r, path: Path) -> str | None:
                     continue
                 per_item = _per_item_delta(v_items, base_items)
             columns.append((_short_label(c), per_item, e, color, c.kind))
-        if any(kind == comparisons.VARIANT for *_, kind in columns):
+        if any(kind == delta_rows.VARIANT for *_, kind in columns):
             panels.append((m, columns))
     if not panels:
         return None

@@ -20,7 +20,7 @@ from mtp_cli.base.result_docs import ci_key
 from mtp_cli.config.recipe import recipe_from_dict
 from mtp_cli.results import folder as results
 from mtp_cli.results import seed_stats
-from mtp_cli.results.cost import training_flops
+from mtp_cli.results.estimate import training_flops
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from mtp_cli.base.stats import Estimate
 from mtp_cli.base.tables import Table
-from mtp_cli.results import comparisons
-from mtp_cli.results.comparisons import Comparison
+from mtp_cli.results import delta_rows
+from mtp_cli.results.delta_rows import Comparison
 from mtp_cli.results.report.format import NO_SIGNAL, fmt, interval, seed_values
 from mtp_cli.results.resultset import Metric, ResultSet
 
@@ -20,7 +20,7 @@ DELTA_COLUMNS = ["metric", "comparison", "Δ (per seed)", "95% over seeds", "eva
 
 def difference_tables(r: ResultSet, metrics: list[Metric]) -> list[Table]:
     base = r.baseline
-    rows = comparisons.comparisons(r)
+    rows = delta_rows.comparisons(r)
     varies = Table("What each comparison varies", ["comparison", "varies", "shares", "paired"],
                    [[c.label, c.varies, c.shares, c.seeds] for c in rows],
                    [f"each comparison is one side minus {base}, run by run at the same grid seed (the seed that "
@@ -31,7 +31,7 @@ def difference_tables(r: ResultSet, metrics: list[Metric]) -> list[Table]:
     for m in metrics:
         first = True
         for c in rows:
-            e = comparisons.estimate(r, c, m)
+            e = delta_rows.estimate(r, c, m)
             if e is None:
                 continue
             cells.append([m.label if first else "", c.label, *delta_cells(m, e, c)])
@@ -53,7 +53,7 @@ def difference_tables(r: ResultSet, metrics: list[Metric]) -> list[Table]:
              "reading: better or worse only where the interval over seeds excludes 0; not resolved otherwise, which "
              "is no evidence of no difference",
              *[f"{how}: {', '.join(labels)}" for how, labels in methods.items()]]
-    if any(c.kind != comparisons.VARIANT for c in rows):
+    if any(c.kind != delta_rows.VARIANT for c in rows):
         notes.append("noise floors: objective-free differences (only seeds differ), measured like a variant; their "
                      "Δs show how large the seed noise is at that pairing")
     else:
@@ -77,7 +77,7 @@ def delta_cells(m: Metric, e: Estimate | str, c: Comparison) -> list[str]:
 
 
 def _why_none(e: Estimate, c: Comparison) -> str:
-    if c.kind == comparisons.PAIR:
+    if c.kind == delta_rows.PAIR:
         return "n/a (one pair of seeds)"
     if "unpaired" in e.method:
         return "n/a (unpaired, < 2 seeds a side)"
@@ -86,7 +86,7 @@ def _why_none(e: Estimate, c: Comparison) -> str:
 
 def reading(m: Metric, e: Estimate, c: Comparison) -> str:
     """better / worse where the interval over seeds excludes 0; otherwise not resolved, and why."""
-    if c.kind != comparisons.VARIANT:
+    if c.kind != delta_rows.VARIANT:
         return "–"
     if e.lo is None or e.hi is None:
         return f"{NOT_RESOLVED}: no interval over seeds"

@@ -1,4 +1,5 @@
-"""The rows of the report's Δ tables: which runs each row compares, and exactly what it varies.
+"""The rows of the report's Δ tables: which runs each row compares, and exactly what it varies (the
+estimate and interval of each row are `compare`'s).
 
 Each row compares one variant with the baseline (the recipe's first NTP variant), run by run at the
 same grid seed. What a row varies is read from the runs' own run.json: the settings that differ

@@ -1,4 +1,5 @@
-"""What an ablation will cost, for `mtp ablate --dry-run`.
+"""What an ablation will cost before it runs, for `mtp ablate --dry-run` (what it did cost is the report's
+cost section, `report/costs`; what a decoding step costs, `bench/costs`).
 
 Measured first: a stage that already ran for the same variant (another seed) in this results folder
 costs what it took there; a partly trained run costs its remaining steps at its own median step time.
