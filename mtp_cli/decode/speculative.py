@@ -388,7 +388,12 @@ def make_drafter(model, draft_len: int | None, batch: int, capacity: int, compil
                  draft_vocab: Tensor | None = None, width: int = 1) -> Drafter:
     """The model's own drafter; `width` > 1 (one row, greedy, k = 1, the fused loop only): the top `width`
     candidates for the next token, verified as a tree (`FusedGreedyStep._tree`)."""
-    k = draft_len_for(model, draft_len)
+    return _drafter(model, draft_len_for(model, draft_len), batch, capacity, compile, draft_vocab, width)
+
+
+def _drafter(model, k: int, batch: int, capacity: int, compile: bool | None, draft_vocab: Tensor | None,
+             width: int) -> Drafter:
+    """`make_drafter` for a k already checked by `draft_len_for`."""
     if width < 1:
         raise UserError(f"--draft-width must be >= 1, got {width}")
     cls = ParallelDrafter if model.objective == "parallel" else SequentialDrafter
@@ -423,7 +428,7 @@ def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens
         width = draft_width if fusable else 1
     room = max(k, width)  # scratch past the committed tokens: drafts, or tree candidates
     cache_len = cache_capacity(engine, max(len(p) for p in prompts) + max_new_tokens + room + 2)
-    drafter = drafter or make_drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile, draft_vocab, width)
+    drafter = drafter or _drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile, draft_vocab, width)
     with timer("prefill"):
         cache, logits, hidden, shared = prefill(engine, prompts, cache_len, pad_id=eos_id or 0)
         tokens = next_token(logits, temperature, top_p, generator)
