@@ -324,3 +324,13 @@ def generate_texts(trunk, tokenizer, prompts, max_new_tokens: int, **kwargs) -> 
 
     ids = generate_ids(trunk, tokenizer, [encode(tokenizer, p) for p in prompts], max_new_tokens, **kwargs)
     return [tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+
+
+def one_line_error(code: int, err: str, pattern: str) -> None:
+    """Exit 2 and exactly one line on stderr, `error: ...` matching `pattern` (data preparation's own status
+    lines, `data: ...`, aside)."""
+    import re
+
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("data: ")]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert re.search(pattern, lines[0]), lines[0]

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import cli_in_process, folder_snapshot, micro_recipe, write_recipe
+from helpers import cli_in_process, folder_snapshot, micro_recipe, one_line_error, write_recipe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -26,12 +26,6 @@ def micro_run(tmp_path_factory):
     recipe = write_recipe(micro_recipe("sequential", steps=2), root / "micro.toml")
     train(micro_recipe("sequential", steps=2), root / "run", show_progress=False)
     return root / "run", recipe
-
-
-def one_line(code: int, err: str, pattern: str) -> None:
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("data: ")]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
-    assert re.search(pattern, lines[0]), lines[0]
 
 
 def truncated_gsm8k(folder: Path) -> Path:
@@ -66,17 +60,17 @@ def test_bad_input_to_a_command_is_one_line(name, micro_run, tmp_path, capsys):
     before = folder_snapshot(run)
     args, pattern = CASES[name]
     code, _, err = cli_in_process(*args(run, tmp_path), capsys=capsys)
-    one_line(code, err, pattern)
+    one_line_error(code, err, pattern)
     assert folder_snapshot(run) == before
 
 
 def test_ablate_only_empty_is_refused_not_all(micro_run, tmp_path, capsys):
     code, _, err = cli_in_process("ablate", "--recipe", micro_run[1], "--only", "", "--dry-run",
                                   "--results-root", tmp_path, capsys=capsys)
-    one_line(code, err, r"--only is empty")
+    one_line_error(code, err, r"--only is empty")
     code, _, err = cli_in_process("ablate", "--recipe", micro_run[1], "--seeds", str(2**76), "--dry-run",
                                   "--results-root", tmp_path, capsys=capsys)
-    one_line(code, err, r"seed.* must be in \[0, 2\*\*63\)")
+    one_line_error(code, err, r"seed.* must be in \[0, 2\*\*63\)")
 
 
 def _damage_run_json(results: Path) -> str:
@@ -120,4 +114,4 @@ def test_report_names_a_damaged_file(damage, tiny_ablation, tmp_path, capsys):
     assert cli_in_process("report", results, capsys=capsys)[0] == 0
     name = damage(results)
     code, _, err = cli_in_process("report", results, capsys=capsys)
-    one_line(code, err, re.escape(name))
+    one_line_error(code, err, re.escape(name))

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import cli_in_process, folder_snapshot, micro_recipe, write_recipe
+from helpers import cli_in_process, folder_snapshot, micro_recipe, one_line_error, write_recipe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -24,15 +24,6 @@ def micro_run(tmp_path_factory):
     recipe = write_recipe(micro_recipe("ntp", steps=2), root / "micro.toml")
     train(micro_recipe("ntp", steps=2), root / "run", show_progress=False)
     return root / "run", recipe
-
-
-def one_line_error(code: int, err: str, pattern: str) -> None:
-    import re
-
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert re.search(pattern, lines[0]), lines[0]
 
 
 @pytest.fixture()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import cli_in_process, folder_snapshot, micro_recipe, write_recipe
+from helpers import cli_in_process, folder_snapshot, micro_recipe, one_line_error, write_recipe
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -162,8 +162,7 @@ def test_ctrl_c_and_out_of_memory_outside_the_loop_are_one_line(tmp_path, monkey
 
     monkeypatch.setattr(trainer, "_build_model", no_memory)
     code, _, err = cli_in_process("train", "--recipe", recipe, "--out", tmp_path / "b", capsys=capsys)
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("data: ")]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: out of memory"), err
+    one_line_error(code, err, r"^error: out of memory")
 
 
 def test_a_shared_tokenizer_link_is_never_written_through(run, tmp_path, capsys):

@@ -18,7 +18,7 @@ import torch
 
 from mtp_cli.base.errors import UserError
 from mtp_cli.base.files import read_json_object, replacing
-from mtp_cli.base.run_files import CHECKPOINT, METRICS, RUN_JSON, TOKENIZER, TRAIN_LOCK  # noqa: F401 (TRAIN_LOCK: ckpt.TRAIN_LOCK)
+from mtp_cli.base.run_files import CHECKPOINT, METRICS, RUN_JSON, TOKENIZER
 from mtp_cli.config.recipe import Recipe, recipe_from_dict
 from mtp_cli.data import tokenizer as toklib
 from mtp_cli.model import MTPModel, sharded_checkpoint

@@ -17,7 +17,7 @@ fixed): evaluation-set noise only.
 `Estimate.detectable` is the minimal detectable difference: the |Δ| that a two-sided test at 5% would
 find with about 80% power, from the same two terms: √((t₀.₉₇₅ + t₀.₈₀)² · var_s/n + (z₀.₉₇₅ + z₀.₈₀)² · S/n_items).
 That rule is the usual approximation: with 3 seeds (and no item term) an exact t-test has 77% power at that
-|Δ| and reaches 80% at one about 5% larger (simulated: 2M draws).
+|Δ| and reaches 80% at one about 5% larger (tests/test_stats.py simulates both).
 
 Ratios (speed-ups) are averaged and given intervals on the log scale, so no interval goes below zero.
 

@@ -30,6 +30,7 @@ from mtp_cli.base import env, run_clock, ui
 from mtp_cli.base.dist import DistInfo, dist_info
 from mtp_cli.base.errors import Stop, Terminated, UserError
 from mtp_cli.base.files import atomic_write_text, write_json
+from mtp_cli.base.run_files import TRAIN_LOCK
 from mtp_cli.config.recipe import Recipe, recipe_from_dict
 from mtp_cli.config.schedule import lr_at
 from mtp_cli.corpus import token_data as corpus
@@ -82,7 +83,7 @@ def check_out_dir(out: Path, recipe: Recipe, resume: bool, force: bool, restart_
     has no checkpoint is refused, unless `restart_without_checkpoint` (the grid's cells: one killed
     before its first checkpoint starts again from step 0, which draws the same batches)."""
     run_json = out / ckpt.RUN_JSON
-    bookkeeping = ("jobs.json", ckpt.TRAIN_LOCK)  # jobs.json: mtp_cli.launch
+    bookkeeping = ("jobs.json", TRAIN_LOCK)  # jobs.json: mtp_cli.launch
     if not out.exists() or not any(p.name not in bookkeeping for p in out.iterdir()):
         return False
     if not run_json.is_file() and not force:
@@ -168,7 +169,7 @@ def _run_lock(out: Path, main: bool):
         return
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / ckpt.TRAIN_LOCK
+    path = out / TRAIN_LOCK
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
