@@ -96,7 +96,7 @@ def main() -> None:
                     continue
                 engine = Engine(drafting.trunk, drafting, compile=compiled)
                 cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
-                drafter = cls(engine, drafting, 1, 1, cfg.context + 8, dv)
+                drafter = cls(engine, drafting, 1, dv).reserve(1, cfg.context + 8)
                 seq = torch.zeros(1, cfg.context + 8, dtype=torch.long)
                 seq[0, :P] = torch.tensor(prompt)
                 lengths = torch.tensor([P])
@@ -112,7 +112,7 @@ def main() -> None:
             # verification at width 2 fused with the next D=1 draft (V/4), as one-row greedy decoding runs
             engine = Engine(sequential.trunk, sequential, compile=compiled)
             cache, _, hidden, shared = prefill(engine, [prompt], cfg.context)
-            drafter = SequentialDrafter(engine, sequential, 1, 1, cfg.context + 8, vocab)
+            drafter = SequentialDrafter(engine, sequential, 1, vocab).reserve(1, cfg.context + 8)
             start, tokens = cache.lengths.clone(), fused_input(torch.full((1, 2), 7))
 
             def fused(cache=cache, drafter=drafter, start=start, tokens=tokens):

@@ -38,7 +38,8 @@ def main() -> None:
     engine = engine_for(model.trunk, model, True)
     prompts = [run.tokenizer(load_prompts(args.source, 1)[0]).input_ids]
     for w in (int(x) for x in args.widths.split(",")):
-        fused = lambda capacity, w=w: make_drafter(model, 1, 1, capacity + 2 * w + 2, True, vocab, w)  # noqa: E731
+        drafter = make_drafter(model, 1, compile=True, draft_vocab=vocab, width=w)
+        fused = lambda capacity, d=drafter, w=w: d.reserve(1, capacity + 2 * w + 2)  # noqa: E731
         widths = list(range(1, max(5, w + 1) + 1))  # the cache is sized for the widest forward
         ms = {k: v * 1e3 for k, v in forward_costs(engine, prompts, widths, fused=fused).items()}
         step = ms[1]

@@ -234,11 +234,11 @@ repeats = 2
 class OracleDrafter(Drafter):
     """Drafts `reference[i][g+1 : g+1+k]` for prompt i whose pending token is generated token g:
     with the trunk's own greedy output every draft is right; `wrong=True` shifts every draft id by
-    one so none is. Sampling treats the drafts as certain (q one-hot)."""
+    one so none is. Sampling treats the drafts as certain (q one-hot). `engine`: the trunk's, which verifies."""
 
-    def __init__(self, reference: list[list[int]], prompt_lengths: list[int], k: int,
+    def __init__(self, engine, reference: list[list[int]], prompt_lengths: list[int], k: int,
                  vocab_size: int, wrong: bool = False, device: torch.device | str = "cpu"):
-        self.k, self.vocab_size, self.wrong = k, vocab_size, wrong
+        self.engine, self.k, self.vocab_size, self.wrong = engine, k, vocab_size, wrong
         width = max(len(r) for r in reference) + k + 1
         self.ref = torch.zeros(len(reference), width, dtype=torch.long, device=device)
         for i, r in enumerate(reference):

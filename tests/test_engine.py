@@ -143,7 +143,7 @@ def test_fixed_shape_speculative_equals_eager_greedy():
     from helpers import tiny_model_config
 
     from mtp_cli.config.recipe import MTPConfig
-    from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.decode.speculative import make_drafter, speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
     torch.manual_seed(0)
@@ -155,8 +155,8 @@ def test_fixed_shape_speculative_equals_eager_greedy():
         return len(ids) >= 6 + 4 * i
 
     expected = generate(model.trunk, PROMPTS, 20, stop=stop)
-    assert speculative_generate(model, PROMPTS, 20, draft_len=2, compile=True, stop=stop) == expected
-    assert speculative_generate(model, PROMPTS[::-1], 20, draft_len=2, compile=True) \
+    assert speculative_generate(make_drafter(model, 2, compile=True), PROMPTS, 20, stop=stop) == expected
+    assert speculative_generate(make_drafter(model, 2, compile=True), PROMPTS[::-1], 20) \
         == generate(model.trunk, PROMPTS[::-1], 20)
 
 
@@ -170,7 +170,7 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     from torch._dynamo.utils import counters
 
     from mtp_cli.config.recipe import MTPConfig
-    from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.decode.speculative import make_drafter, speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
     torch._dynamo.reset()
@@ -182,9 +182,9 @@ def test_compiled_one_row_equals_eager_without_recompiling():
     assert generate(model.trunk, [first], 12, compile=True) == generate(model.trunk, [first], 12)
     # one fused call, its tokens made by `fused_input`; the capacities (a 14-token prompt) equal no fixed size
     # of the model, which torch.compile would take as the same constant (duck sizing)
-    speculative_generate(model, [first + first], 2, compile=True)
+    speculative_generate(make_drafter(model, compile=True), [first + first], 2)
     fused_graphs = compiled_graphs()
-    assert speculative_generate(model, [first], 12, compile=True) == generate(model.trunk, [first], 12)
+    assert speculative_generate(make_drafter(model, compile=True), [first], 12) == generate(model.trunk, [first], 12)
     assert compiled_graphs() == fused_graphs, "the fused step, fed its own output, recompiled"
     engine = engine_for(model.trunk, model, compile=True)
     assert engine.compiled_row_step is not None and engine.compile_s > 0
@@ -200,7 +200,7 @@ def test_compiled_one_row_equals_eager_without_recompiling():
         assert int(cache.lengths[0]) == start + 200 - 3 * (200 // 7)
     for p in later + PROMPTS[::-1]:  # other lengths, a one-token prompt among them
         assert generate(model.trunk, [p], 16, compile=True) == generate(model.trunk, [p], 16)
-        assert speculative_generate(model, [p], 16, compile=True) == generate(model.trunk, [p], 16)
+        assert speculative_generate(make_drafter(model, compile=True), [p], 16) == generate(model.trunk, [p], 16)
     assert compiled_graphs() == graphs, "the one-row compiled forwards recompiled"
     broken = {**counters["graph_break"], **counters["unimplemented"]}  # a break can fall back to eager silently
     assert not broken, list(broken)
@@ -218,7 +218,7 @@ def test_compiled_tree_is_lossless_without_recompiling():
     from torch._dynamo.utils import counters
 
     from mtp_cli.config.recipe import MTPConfig
-    from mtp_cli.decode.speculative import SpecStats, speculative_generate
+    from mtp_cli.decode.speculative import SpecStats, make_drafter, speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
     torch._dynamo.reset()
@@ -227,11 +227,11 @@ def test_compiled_tree_is_lossless_without_recompiling():
     model = MTPModel(tiny_model_config(n_layers=1, context=256), MTPConfig(objective="sequential", depth=1)).eval()
     init_weights(model, 0.3)
     first = PROMPTS[0]
-    speculative_generate(model, [first + first], 2, compile=True, draft_width=3)
+    speculative_generate(make_drafter(model, compile=True, width=3), [first + first], 2)
     graphs = compiled_graphs()
     stats = SpecStats(1)
     for p in PROMPTS:
-        assert speculative_generate(model, [p], 16, compile=True, draft_width=3, stats=stats) \
+        assert speculative_generate(make_drafter(model, compile=True, width=3), [p], 16, stats=stats) \
             == generate(model.trunk, [p], 16)
     assert compiled_graphs() == graphs, "the tree's fused step, fed its own output, recompiled"
     assert stats.steps > 0
@@ -250,7 +250,7 @@ def test_compiled_batches_equal_eager_in_one_graph_per_width():
     from torch._dynamo.utils import counters
 
     from mtp_cli.config.recipe import MTPConfig
-    from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.decode.speculative import make_drafter, speculative_generate
     from mtp_cli.model.mtp import MTPModel
 
     torch._dynamo.reset()
@@ -264,13 +264,13 @@ def test_compiled_batches_equal_eager_in_one_graph_per_width():
 
     expected = generate(model.trunk, PROMPTS, 20, stop=stop)
     assert generate(model.trunk, PROMPTS, 20, stop=stop, compile=True) == expected
-    assert speculative_generate(model, PROMPTS, 20, draft_len=2, stop=stop, compile=True) == expected
+    assert speculative_generate(make_drafter(model, 2, compile=True), PROMPTS, 20, stop=stop) == expected
     for engine in (engine_for(model.trunk, compile=True), engine_for(model.trunk, model, compile=True)):
         assert engine.compile_s > 0
     graphs = compiled_graphs()
     other = [p[::-1] + p[:2] for p in PROMPTS[:3]]
     assert generate(model.trunk, other, 16, compile=True) == generate(model.trunk, other, 16)
-    assert speculative_generate(model, other, 16, draft_len=2, compile=True) == generate(model.trunk, other, 16)
+    assert speculative_generate(make_drafter(model, 2, compile=True), other, 16) == generate(model.trunk, other, 16)
     assert compiled_graphs() == graphs, "the batched compiled forward recompiled"
     broken = {**counters["graph_break"], **counters["unimplemented"]}
     assert not broken, list(broken)
@@ -279,21 +279,21 @@ def test_compiled_batches_equal_eager_in_one_graph_per_width():
 @pytest.mark.slow
 @pytest.mark.parametrize("objective,draft_len", [("sequential", 1), ("sequential", 3), ("parallel", 2)])
 def test_compiled_speculative_is_lossless_on_trained_runs(tiny_runs, objective, draft_len):
-    from mtp_cli.decode.speculative import speculative_generate
+    from mtp_cli.decode.speculative import make_drafter, speculative_generate
     from mtp_cli.model.checkpoint import load_run
 
     run = load_run(tiny_runs[objective])
     prompts = [run.tokenizer.encode(t) for t in ("def split(s, sep=None):\n    ", "import os\n", "class A:\n")]
     expected = generate(run.model.trunk, prompts, 30)
     assert generate(run.model.trunk, prompts, 30, compile=True) == expected
-    assert speculative_generate(run.model, prompts, 30, draft_len=draft_len, compile=True) == expected
+    assert speculative_generate(make_drafter(run.model, draft_len, compile=True), prompts, 30) == expected
 
 
 @pytest.mark.slow
 def test_compiled_sampling_preserves_the_distribution(tiny_runs):
     from helpers import chi_square_pvalue, first_two_token_law
 
-    from mtp_cli.decode.speculative import SpecStats, speculative_generate
+    from mtp_cli.decode.speculative import SpecStats, make_drafter, speculative_generate
     from mtp_cli.model.checkpoint import load_run
 
     run = load_run(tiny_runs["sequential"])
@@ -301,8 +301,8 @@ def test_compiled_sampling_preserves_the_distribution(tiny_runs):
     temperature, n = 0.8, 4000
     p1, p2 = first_two_token_law(run.model.trunk, prompt, temperature)
     stats = SpecStats(2)
-    out = speculative_generate(run.model, [prompt] * n, 2, draft_len=2, temperature=temperature,
-                               generator=torch.Generator().manual_seed(0), stats=stats, compile=True)
+    out = speculative_generate(make_drafter(run.model, 2, compile=True), [prompt] * n, 2, temperature=temperature,
+                               generator=torch.Generator().manual_seed(0), stats=stats)
     assert min(stats.accepted, stats.drafted - stats.accepted) > 100
     V = p1.shape[0]
     c1 = torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double()

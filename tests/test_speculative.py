@@ -35,8 +35,8 @@ def test_greedy_is_lossless(runs, objective, draft_len):
     prompts = encode(run)  # ragged lengths, one batch
     expected = generate(run.model.trunk, prompts, 40)
     stats = SpecStats(draft_len)
-    assert speculative_generate(run.model, prompts, 40, draft_len=draft_len, stats=stats) == expected
-    assert speculative_generate(run.model, prompts[:1], 40, draft_len=draft_len) == expected[:1]
+    assert speculative_generate(make_drafter(run.model, draft_len), prompts, 40, stats=stats) == expected
+    assert speculative_generate(make_drafter(run.model, draft_len), prompts[:1], 40) == expected[:1]
     assert stats.steps > 0 and 0 <= stats.accepted <= stats.drafted
 
 
@@ -52,7 +52,7 @@ def test_lossless_with_stop_and_eos(runs):
 
     expected = generate(run.model.trunk, prompts, 30, stop=stop, eos_id=eos)
     calls_plain, seen = seen, {}
-    assert speculative_generate(run.model, prompts, 30, draft_len=3, stop=stop, eos_id=eos) == expected
+    assert speculative_generate(make_drafter(run.model, 3), prompts, 30, stop=stop, eos_id=eos) == expected
     assert seen == calls_plain  # the stop function sees the same calls, token by token
 
 
@@ -61,9 +61,10 @@ def test_oracle_draft_accepts_everything(runs, draft_len):
     run = runs["ntp"]
     prompts = encode(run)
     reference = generate(run.model.trunk, prompts, 30 + draft_len + 1)
-    drafter = OracleDrafter(reference, [len(p) for p in prompts], draft_len, run.recipe.model.vocab_size)
+    drafter = OracleDrafter(engine_for(run.model.trunk), reference, [len(p) for p in prompts], draft_len,
+                            run.recipe.model.vocab_size)
     stats = SpecStats(draft_len)
-    out = speculative_generate(run.model, prompts, 30, drafter=drafter, stats=stats)
+    out = speculative_generate(drafter, prompts, 30, stats=stats)
     assert out == [r[:30] for r in reference]
     assert stats.acceptance_rate == 1.0
     assert stats.mean_acceptance_length == draft_len + 1
@@ -74,9 +75,10 @@ def test_always_wrong_draft_is_still_exact(runs):
     run = runs["ntp"]
     prompts = encode(run)
     reference = generate(run.model.trunk, prompts, 30 + 4)
-    drafter = OracleDrafter(reference, [len(p) for p in prompts], 3, run.recipe.model.vocab_size, wrong=True)
+    drafter = OracleDrafter(engine_for(run.model.trunk), reference, [len(p) for p in prompts], 3,
+                            run.recipe.model.vocab_size, wrong=True)
     stats = SpecStats(3)
-    assert speculative_generate(run.model, prompts, 30, drafter=drafter, stats=stats) == [r[:30] for r in reference]
+    assert speculative_generate(drafter, prompts, 30, stats=stats) == [r[:30] for r in reference]
     assert stats.accepted == 0 and stats.mean_acceptance_length == 1.0
     assert stats.steps == sum(30 - 1 for _ in prompts)  # one token per step after the prefill's
 
@@ -109,7 +111,7 @@ def test_first_drafts_match_training_alignment(runs, objective, k):
     model = runs[objective].model
     prompt = encode(runs[objective])[0]
     L = len(prompt)
-    drafter = make_drafter(model, k, 1, 64)
+    drafter = make_drafter(model, k).reserve(1, 64)
     with torch.no_grad():
         cache, logits, hidden, shared = prefill(engine_for(model.trunk, model), [prompt], 64)
         pending = int(logits.argmax(-1))
@@ -130,8 +132,8 @@ def test_sequential_module_caches_hold_training_states(runs, k):
     model = runs["sequential"].model
     trunk, cfg = model.trunk, model.cfg
     prompt = encode(runs["sequential"])[2]
-    drafter = make_drafter(model, k, 1, 128)
-    out = speculative_generate(model, [prompt], 40, drafter=drafter)[0]
+    drafter = make_drafter(model, k).reserve(1, 128)
+    out = speculative_generate(drafter, [prompt], 40)[0]
     exact = int(drafter.exact[0]) if k > 1 else len(prompt) + len(out) - 1
     idx = torch.tensor([prompt + out])
     with torch.no_grad():
@@ -168,7 +170,7 @@ def test_fused_step_equals_verify_then_draft(runs, objective, k):
 
     def start():
         cache, logits, hidden, shared = prefill(engine, [prompt], 96)
-        drafter = make_drafter(model, k, 1, 96 + 2 * k + 2)
+        drafter = make_drafter(model, k).reserve(1, 96 + 2 * k + 2)
         seq = torch.zeros(1, 96 + k + 2, dtype=torch.long)
         seq[0, : L + 1] = torch.tensor(prompt + [int(logits.argmax(-1))])
         drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)
@@ -210,7 +212,7 @@ def test_fused_step_refuses_a_batch(runs):
     engine = engine_for(model.trunk, model)
     prompt = encode(runs["sequential"])[1]
     cache, *_ = prefill(engine, [prompt, prompt], 64)
-    drafter = make_drafter(model, 1, 2, 70)
+    drafter = make_drafter(model, 1).reserve(2, 70)
     with pytest.raises(ValueError, match="one row"):
         engine.fused_step(("test-batch",), lambda: FusedGreedyStep(drafter), torch.zeros(2, 2, dtype=torch.long),
                           cache, drafter.caches)
@@ -236,11 +238,11 @@ def test_accept_rule_greedy():
 
 def test_draft_len_is_checked(runs):
     with pytest.raises(UserError, match="no MTP modules"):
-        speculative_generate(runs["ntp"].model, [[1, 2]], 4)
+        speculative_generate(make_drafter(runs["ntp"].model), [[1, 2]], 4)
     with pytest.raises(UserError, match="at most 2"):
-        speculative_generate(runs["parallel"].model, [[1, 2]], 4, draft_len=3)
+        speculative_generate(make_drafter(runs["parallel"].model, 3), [[1, 2]], 4)
     with pytest.raises(UserError, match=">= 1"):
-        speculative_generate(runs["sequential"].model, [[1, 2]], 4, draft_len=0)
+        speculative_generate(make_drafter(runs["sequential"].model, 0), [[1, 2]], 4)
 
 
 @pytest.mark.parametrize("objective", ["sequential", "parallel"])
@@ -250,7 +252,7 @@ def test_speculative_sampling_preserves_the_distribution(runs, objective):
     temperature, n = 0.8, 4000
     p1, p2 = first_two_token_law(model.trunk, prompt, temperature)
     stats = SpecStats(2)
-    out = speculative_generate(model, [prompt] * n, 2, draft_len=2, temperature=temperature,
+    out = speculative_generate(make_drafter(model, 2), [prompt] * n, 2, temperature=temperature,
                                generator=torch.Generator().manual_seed(0), stats=stats)
     assert min(stats.accepted, stats.drafted - stats.accepted) > 100  # both acceptance and the residual path ran
     V = p1.shape[0]
@@ -266,7 +268,7 @@ def test_distribution_test_has_power(runs):
     prompt = encode(runs["sequential"])[0]
     temperature, n = 0.8, 4000
     _, p2 = first_two_token_law(model.trunk, prompt, temperature)
-    drafter = make_drafter(model, 1, n, 64)
+    drafter = make_drafter(model, 1).reserve(n, 64)
     with torch.no_grad():
         cache, logits, hidden, shared = prefill(engine_for(model.trunk, model), [prompt] * n, 64)
         g = torch.Generator().manual_seed(0)
@@ -293,8 +295,8 @@ def test_draft_vocabulary_is_lossless_and_only_drafts_from_it(runs, objective, d
     prompts = encode(run)
     vocab = _small_vocab(run)
     expected = generate(run.model.trunk, prompts, 40)
-    assert speculative_generate(run.model, prompts, 40, draft_len=draft_len, draft_vocab=vocab) == expected
-    drafter = make_drafter(run.model, draft_len, 1, 64, draft_vocab=vocab)
+    assert speculative_generate(make_drafter(run.model, draft_len, draft_vocab=vocab), prompts, 40) == expected
+    drafter = make_drafter(run.model, draft_len, draft_vocab=vocab).reserve(1, 64)
     with torch.no_grad():
         cache, logits, hidden, shared = prefill(engine_for(run.model.trunk, run.model), prompts[:1], 64)
         seq = torch.zeros(1, 64, dtype=torch.long)
@@ -302,7 +304,7 @@ def test_draft_vocabulary_is_lossless_and_only_drafts_from_it(runs, objective, d
         seq[0, len(prompts[0])] = logits.argmax(-1)
         drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)
         drafts, _ = drafter.propose(seq, cache.lengths.clone(), 0.0, 1.0, None)
-        full = make_drafter(run.model, draft_len, 1, 64)
+        full = make_drafter(run.model, draft_len).reserve(1, 64)
         full.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)
         first_full = full.propose(seq.clone(), cache.lengths.clone(), 0.0, 1.0, None)[0][0, 0]
     assert set(drafts.flatten().tolist()) <= set(vocab.tolist())
@@ -339,8 +341,8 @@ def test_sampling_with_a_draft_vocabulary_preserves_the_distribution(runs):
     temperature, n = 0.8, 4000
     p1, p2 = first_two_token_law(model.trunk, prompt, temperature)
     stats = SpecStats(2)
-    out = speculative_generate(model, [prompt] * n, 2, draft_len=2, temperature=temperature, stats=stats,
-                               generator=torch.Generator().manual_seed(1), draft_vocab=_small_vocab(runs["sequential"]))
+    out = speculative_generate(make_drafter(model, 2, draft_vocab=_small_vocab(runs["sequential"])), [prompt] * n, 2,
+                               temperature=temperature, stats=stats, generator=torch.Generator().manual_seed(1))
     assert min(stats.accepted, stats.drafted - stats.accepted) > 100
     V = p1.shape[0]
     assert chi_square_pvalue(torch.bincount(torch.tensor([o[0] for o in out]), minlength=V).double(), p1) > 1e-3
@@ -383,10 +385,9 @@ def test_fused_verify_and_draft_matches_the_two_call_loop(runs, objective, draft
         expected = generate(model.trunk, [prompt], 48)
         fused, split = SpecStats(draft_len), SpecStats(draft_len)
         timer = PhaseTimer()
-        assert speculative_generate(model, [prompt], 48, draft_len=draft_len, stats=fused, timer=timer,
-                                    draft_vocab=draft_vocab) == expected
-        assert speculative_generate(model, [prompt], 48, draft_len=draft_len, stats=split, fused=False,
-                                    draft_vocab=draft_vocab) == expected
+        drafter = make_drafter(model, draft_len, draft_vocab=draft_vocab)
+        assert speculative_generate(drafter, [prompt], 48, stats=fused, timer=timer) == expected
+        assert speculative_generate(drafter, [prompt], 48, stats=split, fused=False) == expected
         assert timer.count["verify_draft"] == fused.steps > 0 and timer.count["verify"] == 0
         assert fused.to_dict() == split.to_dict()
         accepted, drafted = accepted + fused.accepted, drafted + fused.drafted
@@ -419,9 +420,9 @@ def test_tree_of_candidates_is_lossless(runs, objective, width, vocab):
     tree, chain = SpecStats(1), SpecStats(1)
     for prompt in encode(run):
         expected = generate(model.trunk, [prompt], 48)
-        assert speculative_generate(model, [prompt], 48, draft_len=1, stats=tree, draft_vocab=draft_vocab,
-                                    draft_width=width) == expected
-        assert speculative_generate(model, [prompt], 48, draft_len=1, stats=chain, draft_vocab=draft_vocab) == expected
+        tree_drafter = make_drafter(model, 1, draft_vocab=draft_vocab, width=width)
+        assert speculative_generate(tree_drafter, [prompt], 48, stats=tree) == expected
+        assert speculative_generate(make_drafter(model, 1, draft_vocab=draft_vocab), [prompt], 48, stats=chain) == expected
     assert 0 < tree.accepted < tree.steps
     assert tree.acceptance_rate > chain.acceptance_rate
 
@@ -429,9 +430,9 @@ def test_tree_of_candidates_is_lossless(runs, objective, width, vocab):
 def test_tree_wider_than_the_draft_vocabulary_is_a_user_error(runs):
     model = runs["sequential"].model
     with pytest.raises(UserError, match="exceeds the 4 tokens"):
-        make_drafter(model, 1, 1, 64, draft_vocab=torch.arange(4), width=5)
+        make_drafter(model, 1, draft_vocab=torch.arange(4), width=5)
     with pytest.raises(UserError, match="needs one draft per step"):
-        make_drafter(model, 2, 1, 64, width=2)
+        make_drafter(model, 2, width=2)
 
 
 def test_tree_as_wide_as_the_vocabulary_accepts_every_step(runs):
@@ -440,7 +441,7 @@ def test_tree_as_wide_as_the_vocabulary_accepts_every_step(runs):
     model = _noised(run.model, scale=3.0)
     stats = SpecStats(1)
     prompt = encode(run)[0]
-    out = speculative_generate(model, [prompt], 40, draft_len=1, stats=stats, draft_width=model.cfg.vocab_size)
+    out = speculative_generate(make_drafter(model, 1, width=model.cfg.vocab_size), [prompt], 40, stats=stats)
     assert out == generate(model.trunk, [prompt], 40)
     assert stats.accepted == stats.steps == 20
 
@@ -460,7 +461,7 @@ def test_tree_step_keeps_the_cache_of_the_committed_sequence(runs, objective):
 
     def fresh(committed):
         cache, logits, hidden, shared = prefill(engine, [committed], 80)
-        drafter = make_drafter(model, 1, 1, 80 + 4, width=width)
+        drafter = make_drafter(model, 1, width=width).reserve(1, 80 + 4)
         seq = torch.zeros(1, 80 + width + 2, dtype=torch.long)
         seq[0, : len(committed) + 1] = torch.tensor(committed + [int(logits.argmax(-1))])
         drafter.commit(torch.zeros(1, dtype=torch.long), cache.lengths.clone(), hidden, shared)

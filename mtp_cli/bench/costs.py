@@ -33,8 +33,8 @@ def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | N
     ks = range(1, max(VERIFY_WIDTHS_UP_TO, verified) + 1)
     fused = None
     if results["mtp"].get("fused"):  # one row, greedy: the verify-and-draft call the loop ran, timed alike
-        fused = lambda capacity: make_drafter(model, k, 1, capacity + 2 * verified + 2, compile, draft_vocab,  # noqa: E731
-                                              width)
+        drafter = make_drafter(model, k, compile=compile, draft_vocab=draft_vocab, width=width)
+        fused = lambda capacity: drafter.reserve(1, capacity + 2 * verified + 2)  # noqa: E731
     costs = forward_costs(engine, prompts, [1, *(j + 1 for j in ks)], fused=fused)
     results["mtp"]["t_forward_step_s"] = costs[1]
     if fused is not None:  # the draft's share of the fused call: beyond verifying at its width

@@ -20,6 +20,7 @@ from __future__ import annotations
 from mtp_cli.base.stats import rate_ratio_ci
 from mtp_cli.bench.measure import measure
 from mtp_cli.bench.runners import Tally, ours_mtp, ours_plain
+from mtp_cli.decode.speculative import make_drafter
 
 TUNING_PROMPTS = 8
 
@@ -51,7 +52,8 @@ def _choose(model, shapes: dict[int, tuple[int, int]], table: str, what: str, pr
     """Time our plain decoder and MTP at every candidate (k, width) = shapes[c] on `prompts`, one pass after a
     warm-up, and pick a candidate with `pick_draft_len`'s rule (candidates in increasing order)."""
     runners = {"plain": ours_plain(model, max_new_tokens, eos, compile, temperature)}
-    runners |= {f"c{c}": ours_mtp(model, max_new_tokens, eos, k, compile, temperature, vocab, width)
+    runners |= {f"c{c}": ours_mtp(make_drafter(model, k, compile=compile, draft_vocab=vocab, width=width),
+                                  max_new_tokens, eos, temperature)
                 for c, (k, width) in shapes.items()}
     tallies = measure(runners, prompts, 1, 1, device, tick)
     base = tallies["plain"][0]

@@ -11,7 +11,7 @@ import torch
 
 from mtp_cli.config.conditions import Condition
 from mtp_cli.decode.generate import generate
-from mtp_cli.decode.speculative import SpecStats, speculative_generate
+from mtp_cli.decode.speculative import Drafter, SpecStats, make_drafter, speculative_generate
 from mtp_cli.decode.timing import PhaseTimer
 from mtp_cli.model.hf import generation_config, to_hf_model
 
@@ -65,7 +65,8 @@ def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k:
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
     runners = {condition.baseline: ours_plain(model, max_new_tokens, eos, compile, t)}
     if k:
-        runners["mtp"] = ours_mtp(model, max_new_tokens, eos, k, compile, t, vocab, width)
+        runners["mtp"] = ours_mtp(make_drafter(model, k, compile=compile, draft_vocab=vocab, width=width),
+                                  max_new_tokens, eos, t)
     peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
     if hf_draft is not None:
         peers["hf_assisted"] = {"assistant_model": hf_draft}
@@ -92,15 +93,13 @@ def ours_plain(model, max_new_tokens: int, eos: int, compile: bool, temperature:
     return run
 
 
-def ours_mtp(model, max_new_tokens: int, eos: int, k: int, compile: bool, temperature: float = 0.0,
-             vocab: torch.Tensor | None = None, width: int = 1) -> Runner:
+def ours_mtp(drafter: Drafter, max_new_tokens: int, eos: int, temperature: float = 0.0) -> Runner:
     def run(batch, tally):
-        tally.stats, stats = tally.stats or SpecStats(k), SpecStats(k)
+        tally.stats, stats = tally.stats or SpecStats(drafter.k), SpecStats(drafter.k)
         before = tally.timer.total["prefill"]
-        gen = _generator(model.trunk.embed_tokens.weight.device, temperature, len(tally.outputs))
-        out = speculative_generate(model, batch, max_new_tokens, draft_len=k, temperature=temperature, eos_id=eos,
-                                   generator=gen, stats=stats, timer=tally.timer, compile=compile, draft_vocab=vocab,
-                                   draft_width=width)
+        gen = _generator(drafter.engine.device, temperature, len(tally.outputs))
+        out = speculative_generate(drafter, batch, max_new_tokens, temperature=temperature, eos_id=eos,
+                                   generator=gen, stats=stats, timer=tally.timer)
         tally.stats.merge(stats)
         tally.per_batch.append(stats)
         return out, tally.timer.total["prefill"] - before

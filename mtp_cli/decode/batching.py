@@ -19,7 +19,7 @@ from mtp_cli.config.recipe import Runtime
 from mtp_cli.decode.context import generation_budget, generation_cut
 from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.generate import generate, stop_on_strings
-from mtp_cli.decode.speculative import SpecStats, draft_len_for, speculative_generate
+from mtp_cli.decode.speculative import SpecStats, make_drafter, speculative_generate
 from mtp_cli.model.checkpoint import load_run
 
 BATCH_SIZE = 64
@@ -84,11 +84,11 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
     generator = torch.Generator(run.model.trunk.embed_tokens.weight.device).manual_seed(seed)
     t0 = time.perf_counter()
     if speculative:
-        stats = SpecStats(draft_len_for(run.model, draft_len))
         vocab, _ = draft_vocabulary(run, draft_vocab)
-        (out,) = speculative_generate(run.model, [ids], max_new_tokens, draft_len=stats.k, temperature=temperature,
-                                      top_p=top_p, eos_id=run.tokenizer.eos_token_id, generator=generator, stats=stats,
-                                      compile=compile, draft_vocab=vocab)
+        drafter = make_drafter(run.model, draft_len, compile=compile, draft_vocab=vocab)
+        stats = SpecStats(drafter.k)
+        (out,) = speculative_generate(drafter, [ids], max_new_tokens, temperature=temperature, top_p=top_p,
+                                      eos_id=run.tokenizer.eos_token_id, generator=generator, stats=stats)
     else:
         (out,) = generate_ids(run.model.trunk, run.tokenizer, [ids], max_new_tokens, temperature=temperature,
                               top_p=top_p, generator=generator, compile=compile)

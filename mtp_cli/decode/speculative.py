@@ -130,9 +130,17 @@ def _pick(logits: Tensor, temperature: float, top_p: float, generator, vocab: Te
 
 
 class Drafter(ABC):
-    """Proposes `k` tokens per row each step and is told which trunk positions were committed."""
+    """Proposes `k` tokens per row each step and is told which trunk positions were committed. Built
+    once (`make_drafter` checks k and the width), then `reserve`d for each call's batch and length; its
+    `engine` is the one the trunk verifies on."""
 
+    engine: Engine
     k: int
+    width: int = 1
+
+    def reserve(self, batch: int, capacity: int) -> Drafter:  # noqa: B027 (optional hook)
+        """Fresh state for `batch` rows of up to `capacity` positions; returns the drafter."""
+        return self
 
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:  # noqa: B027 (optional hook)
         """The trunk ran positions start[b].. (hidden (B, W, d) before its final norm, shared (B, W, d)
@@ -153,8 +161,7 @@ class _ModuleDrafter(Drafter):
     beyond a query's position are masked and later overwritten), and `exact`, the position below
     which every module cache holds exact (committed-input) states."""
 
-    def __init__(self, engine: Engine, k: int, n_modules: int, batch: int, capacity: int,
-                 vocab: Tensor | None = None, width: int = 1):
+    def __init__(self, engine: Engine, k: int, n_modules: int, vocab: Tensor | None = None, width: int = 1):
         if width > 1 and k != 1:
             raise UserError(f"a draft width of {width} (candidates for the next token) needs one draft per step, "
                             f"got --draft-len {k}")
@@ -165,15 +172,19 @@ class _ModuleDrafter(Drafter):
                             "(--draft-vocab)")
         self.first_logits: Tensor | None = None  # the last `propose`'s logits for its first draft (B, V')
         self.vocab = None if vocab is None else vocab.to(engine.device)  # the draft vocabulary (draft_vocab.py)
-        self.vocab_size = engine.unembed.shape[1]
-        self.capacity = capacity
-        self.states = torch.zeros(batch, capacity, engine.cfg.d_model, device=engine.device, dtype=engine.dtype)
-        self.caches = [engine.new_cache(batch, capacity, n_layers=1) for _ in range(n_modules)]
-        self.exact = torch.zeros(batch, dtype=torch.long, device=engine.device)
-        self.steps = torch.arange(capacity, device=engine.device)
+        self.vocab_size, self.n_modules = engine.unembed.shape[1], n_modules
         # what makes a `FusedGreedyStep` (and its compiled graph) for this engine
         self.fused_key = ("fused-greedy", type(self).__name__, k, width,
                           None if vocab is None else vocab.cpu().numpy().tobytes())
+
+    def reserve(self, batch: int, capacity: int) -> _ModuleDrafter:
+        engine = self.engine
+        self.capacity, self.first_logits = capacity, None
+        self.states = torch.zeros(batch, capacity, engine.cfg.d_model, device=engine.device, dtype=engine.dtype)
+        self.caches = [engine.new_cache(batch, capacity, n_layers=1) for _ in range(self.n_modules)]
+        self.exact = torch.zeros(batch, dtype=torch.long, device=engine.device)
+        self.steps = torch.arange(capacity, device=engine.device)
+        return self
 
     def _pick(self, logits: Tensor, temperature, top_p, generator) -> tuple[Tensor, Tensor | None]:
         """A draft from logits over the draft vocabulary (`_pick`)."""
@@ -211,10 +222,9 @@ class SequentialDrafter(_ModuleDrafter):
     """DeepSeek-V3 modules: chain depths 1..min(k, D) at the pending token's position, then reuse
     module D one position to the right for drafts beyond D."""
 
-    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int, vocab: Tensor | None = None,
-                 width: int = 1):
+    def __init__(self, engine: Engine, model, k: int, vocab: Tensor | None = None, width: int = 1):
         self.depth = min(k, model.n_extra)
-        super().__init__(engine, k, self.depth, batch, capacity, vocab, width)
+        super().__init__(engine, k, self.depth, vocab, width)
         self.post_norm = model.mtp_cfg.mtp_input == "post-norm"
         self.unembeds = [engine.draft_unembed(m.unembed, self.vocab) for m in engine.sequential[: self.depth]]
 
@@ -260,9 +270,8 @@ class ParallelDrafter(_ModuleDrafter):
     """Meta heads 2..k+1 on the shared state (the input of the trunk's last layer, which the engine's
     trunk forward returns beside its output)."""
 
-    def __init__(self, engine: Engine, model, k: int, batch: int, capacity: int, vocab: Tensor | None = None,
-                 width: int = 1):
-        super().__init__(engine, k, k, batch, capacity, vocab, width)
+    def __init__(self, engine: Engine, model, k: int, vocab: Tensor | None = None, width: int = 1):
+        super().__init__(engine, k, k, vocab, width)
         self.unembed = engine.draft_unembed(engine.unembed, self.vocab)
 
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:  # noqa: B027 (optional hook)
@@ -384,51 +393,38 @@ def draft_len_for(model, draft_len: int | None = None) -> int:
     return k
 
 
-def make_drafter(model, draft_len: int | None, batch: int, capacity: int, compile: bool | None = False,
+def make_drafter(model, draft_len: int | None = None, *, compile: bool | None = None,
                  draft_vocab: Tensor | None = None, width: int = 1) -> Drafter:
-    """The model's own drafter; `width` > 1 (one row, greedy, k = 1, the fused loop only): the top `width`
-    candidates for the next token, verified as a tree (`FusedGreedyStep._tree`)."""
-    return _drafter(model, draft_len_for(model, draft_len), batch, capacity, compile, draft_vocab, width)
-
-
-def _drafter(model, k: int, batch: int, capacity: int, compile: bool | None, draft_vocab: Tensor | None,
-             width: int) -> Drafter:
-    """`make_drafter` for a k already checked by `draft_len_for`."""
+    """The model's own drafter, the one place its draft length (`draft_len_for`) and width are checked.
+    `compile`: the engine's switch (None: the device's default); `draft_vocab`: the token ids the modules
+    draft from (`draft_vocab.top_tokens`; None: all); `width` > 1 (one row, greedy, k = 1, the fused loop
+    only): the top `width` candidates for the next token, verified as a tree (`FusedGreedyStep._tree`)."""
+    k = draft_len_for(model, draft_len)
     if width < 1:
         raise UserError(f"--draft-width must be >= 1, got {width}")
     cls = ParallelDrafter if model.objective == "parallel" else SequentialDrafter
-    return cls(engine_for(model.trunk, model, compile), model, k, batch, capacity, draft_vocab, width)
+    return cls(engine_for(model.trunk, model, compile), model, k, draft_vocab, width)
 
 
 @torch.no_grad()
-def speculative_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, draft_len: int | None = None,
+def speculative_generate(drafter: Drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                          temperature: float = 0.0, top_p: float = 1.0, stop: StopFn | None = None,
                          eos_id: int | None = None, generator: torch.Generator | None = None,
-                         drafter: Drafter | None = None, stats: SpecStats | None = None, timer=None,
-                         compile: bool | None = None, draft_vocab: Tensor | None = None,
-                         fused: bool = True, draft_width: int = 1) -> list[list[int]]:
-    """`generate`'s contract for an `MTPModel` (greedy: its exact output), drafting with the model's
-    own modules unless `drafter` is given. `stats` accumulates counters, `timer` times the phases
-    prefill / draft0 (the modules' pass over the prompt) / draft / verify. `compile` runs the
-    verification forward (fixed width k+1) compiled (None: the device's default). `draft_vocab`: the
-    token ids the modules draft from (`draft_vocab.top_tokens`; None: all). One row, greedy, with the
-    model's own modules: verification and the next draft run as one call (`FusedGreedyStep`) unless
-    `fused=False`; there `draft_width` > 1 verifies the module's top `draft_width` candidates for the next
-    token each step instead of its top one (k = 1; elsewhere the width is 1: sampling, batches and
-    CUDA's fixed-shape graphs draft a chain)."""
+                         stats: SpecStats | None = None, timer=None, fused: bool = True) -> list[list[int]]:
+    """`generate`'s contract for the trunk the drafter's engine runs (greedy: its exact output), drafting
+    with `drafter` (`make_drafter`: the model's own modules). `stats` accumulates counters, `timer` times
+    the phases prefill / draft0 (the modules' pass over the prompt) / draft / verify. One row, greedy, with
+    the model's own modules: verification and the next draft run as one call (`FusedGreedyStep`) unless
+    `fused=False`; only there does a drafter of width > 1 verify its top candidates for the next token as
+    a tree (sampling, batches and CUDA's fixed-shape graphs draft a chain of width 1)."""
     if not prompts:
         return []
-    engine, timer = engine_for(model.trunk, model, compile), timer or NO_TIMER
-    k = drafter.k if drafter is not None else draft_len_for(model, draft_len)
+    engine, timer, k = drafter.engine, timer or NO_TIMER, drafter.k
     stats = stats if stats is not None else SpecStats(k)
     fusable = fused and temperature <= 0 and len(prompts) == 1 and not engine.static
-    if drafter is not None:
-        width = getattr(drafter, "width", 1)
-    else:
-        width = draft_width if fusable else 1
-    room = max(k, width)  # scratch past the committed tokens: drafts, or tree candidates
+    room = max(k, drafter.width)  # scratch past the committed tokens: drafts, or tree candidates
     cache_len = cache_capacity(engine, max(len(p) for p in prompts) + max_new_tokens + room + 2)
-    drafter = drafter or _drafter(model, k, len(prompts), cache_len + 2 * k + 2, compile, draft_vocab, width)
+    drafter.reserve(len(prompts), cache_len + 2 * k + 2)
     with timer("prefill"):
         cache, logits, hidden, shared = prefill(engine, prompts, cache_len, pad_id=eos_id or 0)
         tokens = next_token(logits, temperature, top_p, generator)
