@@ -81,7 +81,6 @@ def train(
     from mtp_cli.train import loop as trainer
     from mtp_cli.train.flags import recipe_from_flags
 
-    _use_threads(threads)
     r = recipe_from_flags(recipe, out, resume, init_from, objective=objective, depth=depth, heads=heads, lam=lam,
                           lambda_final=lambda_final, lambda_switch=lambda_switch, mtp_input=mtp_input, data=data,
                           fsdp=fsdp, steps=steps, batch_size=batch_size, lr=lr, seed=seed, data_seed=data_seed,
@@ -89,7 +88,7 @@ def train(
     out = outputs.folder(out or Path("runs") / trainer.default_run_name(r), "--out")
     if resume and not (out / ckpt.RUN_JSON).is_file():
         raise UserError(f"--resume: {out} holds no run to continue")
-    summary = trainer.train(r, out, resume=resume, force=force)
+    summary = trainer.train(r, out, resume=resume, force=force, rt=r.runtime("train", threads))
     if summary.get("final"):
         ui.out.print(_train_table(summary))
     ui.out.print(f"run saved to {out}", markup=False)
@@ -352,9 +351,10 @@ def ablate(
     """Run a recipe's variants × seeds through train → export → eval → specbench (resumable)."""
     from mtp_cli import ablate as ablation
     from mtp_cli.base import outputs
+    from mtp_cli.config.recipe import Runtime
     from mtp_cli.grid.plan import plan_table
 
-    _use_threads(threads)  # --results-root is checked by run_ablation, before a dry run returns too
+    Runtime(threads=threads).validate()  # each stage gets its Runtime from the recipe, with these threads
     if job_folder is not None:
         outputs.folder(job_folder, "--job-folder")
     seed_list = _int_list(seeds, "--seeds") if seeds is not None else None
@@ -401,17 +401,6 @@ def _float_list(text: str, flag: str) -> list[float]:
     if not values:
         raise UserError(f"{flag} is empty")
     return values
-
-
-def _use_threads(threads: int | None) -> None:
-    """--threads of `mtp train` and `mtp ablate`: torch's intra-op CPU threads for this process and the
-    stages it runs (None: leave torch's default); their device is the recipe's train.device."""
-    from mtp_cli.base import env
-    from mtp_cli.config.recipe import Runtime
-
-    rt = Runtime(threads=threads)
-    rt.validate()
-    env.use_runtime(rt)
 
 
 def _key_values(items: list[str], flag: str) -> dict[str, str]:

@@ -436,7 +436,7 @@ def test_the_training_child_logs_making_its_data_only_outside_a_terminal(monkeyp
     pipe = types.SimpleNamespace(send=sent.append)
     for terminal in (False, True):
         monkeypatch.setattr(type(ui.console), "is_terminal", property(lambda self, t=terminal: t))
-        stages._train_child(Recipe().to_dict(), "unused", torch.get_num_threads(), pipe)
+        stages._train_child(Recipe().to_dict(), "unused", Recipe().runtime(), pipe)
     assert sent == [("ok", ""), ("ok", "")]
     assert [(c["show_progress"], c["data_progress"]) for c in calls] == [(False, True), (False, False)]
 
@@ -446,14 +446,14 @@ def test_the_ablations_threads_reach_every_stage_by_value(tmp_path, monkeypatch)
     torch's global: with the global at 2, a grid asked for 1 thread trains and evaluates with 1 (the
     child's run.json records it). Control: asked for nothing, with the parent's global at 1, the child keeps
     torch's own default and eval's runtime leaves the threads alone."""
-    import torch
 
     from mtp_cli.ablate import run_ablation
     from mtp_cli.grid import stages
 
     seen = []
     real_runtime = stages.runtime
-    monkeypatch.setattr(stages, "runtime", lambda ab, recipe: seen.append(ab.threads) or real_runtime(ab, recipe))
+    monkeypatch.setattr(stages, "runtime",
+                        lambda ab, recipe, stage: seen.append((stage, ab.threads)) or real_runtime(ab, recipe, stage))
     recipe = tmp_path / "threads.toml"
     recipe.write_text(ablation_toml("threads", steps=2, eval_tasks=("heldout",), specbench=False,
                                     variants='[[variants]]\nname = "ntp"\n'))
@@ -465,7 +465,7 @@ def test_the_ablations_threads_reach_every_stage_by_value(tmp_path, monkeypatch)
         torch.set_num_threads(before)
     assert not ab.failures, ab.failures
     run = json.loads((ab.results_dir / "runs" / "ntp-s0" / "run.json").read_text())
-    assert run["env"]["torch_threads"] == 1 and seen == [1]
+    assert run["env"]["torch_threads"] == 1 and seen == [("train", 1), ("eval", 1)]
     fresh = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                capture_output=True, text=True, check=True).stdout)
     if fresh == 1:
@@ -476,4 +476,41 @@ def test_the_ablations_threads_reach_every_stage_by_value(tmp_path, monkeypatch)
     finally:
         torch.set_num_threads(before)
     run = json.loads((control.results_dir / "runs" / "ntp-s0" / "run.json").read_text())
-    assert run["env"]["torch_threads"] == fresh and seen[-1] is None
+    assert run["env"]["torch_threads"] == fresh and seen[-2:] == [("train", None), ("eval", None)]
+
+
+def test_each_stage_takes_its_runtime_from_the_recipe():
+    """One `Runtime` per stage, from the recipe and the command line's threads: the device is train.device
+    everywhere, the compile switch the stage's own (train.compile, specbench.compile, eval's device default)."""
+    from mtp_cli.base.errors import UserError
+    from mtp_cli.config.recipe import Recipe
+
+    r = Recipe()
+    r.train.device, r.train.compile, r.specbench.compile = "cpu", True, False
+    assert [(rt.device, rt.threads, rt.compile) for rt in (r.runtime("train", 3), r.runtime("eval", 3),
+                                                           r.runtime("specbench"))] \
+        == [("cpu", 3, True), ("cpu", 3, None), ("cpu", None, False)]
+    with pytest.raises(UserError, match="--threads must be >= 1"):
+        r.runtime("train", 0)
+
+
+def test_training_runs_on_the_runtime_it_is_given(tmp_path):
+    """`train(..., rt=...)` takes its threads from the value, not from torch's global: with the global at 2,
+    rt.threads = 1 trains (and records) 1; control: without rt the run keeps the global's 2."""
+    import torch
+
+    from mtp_cli.config.recipe import Runtime
+    from mtp_cli.train import loop as trainer
+
+    before = torch.get_num_threads()
+    try:
+        recorded = []
+        for name, rt in (("given", Runtime(device="cpu", threads=1)), ("control", None)):
+            torch.set_num_threads(2)
+            recipe = grid_plan.plan("quick", results_root=tmp_path).cells[0].recipe
+            recipe.train.steps, recipe.train.eval_every, recipe.train.ckpt_every = 1, 1, 1
+            trainer.train(recipe, tmp_path / name, show_progress=False, rt=rt)
+            recorded.append(json.loads((tmp_path / name / "run.json").read_text())["env"]["torch_threads"])
+    finally:
+        torch.set_num_threads(before)
+    assert recorded == [1, 2]

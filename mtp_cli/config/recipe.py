@@ -562,6 +562,15 @@ class Recipe:
             raise UserError("data.source = 'self' needs train.init_from (the trunk whose continuations are the data)")
         return self
 
+    def runtime(self, stage: str = "train", threads: int | None = None) -> Runtime:
+        """The `Runtime` a stage of this recipe runs on (train, eval, specbench): train.device, the stage's
+        compile switch (train.compile, specbench.compile; eval: the device's default) and `threads`, the
+        command line's (None: torch's default)."""
+        compile = {"train": self.train.compile, "specbench": self.specbench.compile}.get(stage)
+        rt = Runtime(device=self.train.device, threads=threads, compile=compile)
+        rt.validate()
+        return rt
+
     def check_grid(self) -> Recipe:
         """Validate what `mtp ablate` adds: seeds, eval/specbench settings, variant names and overrides."""
         if not self.seeds:

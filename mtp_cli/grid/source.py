@@ -104,6 +104,7 @@ def run_baseline(ab: Ablation, show_progress: bool = True) -> Path:
 
     path = results.baseline_json(ab.results_dir)
     ui.console.print(f"baseline: evaluating {baseline_source(ab)} as it is", highlight=False)
-    run_eval(None, stages.eval_config(ab.recipe, gsm8k_data(ab.recipe)), stages.runtime(ab, ab.recipe),  # the runs' settings
+    run_eval(None, stages.eval_config(ab.recipe, gsm8k_data(ab.recipe)),
+             stages.runtime(ab, ab.recipe, "eval"),  # the runs' settings
              hf=baseline_source(ab), recipe=str(ab.source), json_path=path, show_progress=show_progress)
     return path

@@ -14,8 +14,6 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-
 from mtp_cli.base import paths, ui
 from mtp_cli.base.dist import dist_info
 from mtp_cli.base.errors import Terminated, UserError
@@ -78,13 +76,14 @@ def train(ab: Ablation, cell: Cell, view: GridView) -> None:
         from mtp_cli.train.loop import train as train_run  # see `export`
 
         resolve_cell(cell)
-        train_run(cell.recipe, cell.run_dir, resume=True, show_progress=view.show_nested, restart_without_checkpoint=True)
+        train_run(cell.recipe, cell.run_dir, resume=True, show_progress=view.show_nested, restart_without_checkpoint=True,
+                  rt=runtime(ab, cell.recipe, "train"))
         return
     resolve_cell(cell)  # after the source stage: the checkpoint is there now
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_train_child, name=f"train {cell.name}",
-                        args=(cell.recipe.to_dict(), str(cell.run_dir), ab.threads, send))
+                        args=(cell.recipe.to_dict(), str(cell.run_dir), runtime(ab, cell.recipe, "train"), send))
     child.start()
     send.close()
     try:
@@ -118,18 +117,15 @@ class TrainingCrashed(RuntimeError):
         self.details = details
 
 
-def _train_child(recipe_dict: dict, run_dir: str, threads: int | None, send) -> None:
+def _train_child(recipe_dict: dict, run_dir: str, rt: Runtime, send) -> None:
     _die_with_parent()
     try:
         from mtp_cli.train.loop import train as train_run  # see `export`
 
-        if threads is not None:  # the ablation's --threads; else torch's default, as in the ablation itself
-            torch.set_num_threads(threads)
-
         # the ablation's view draws training from metrics.jsonl; making the data (minutes of self-distilled
         # text) writes nothing there, so in a log the child prints its own plain lines for it
         train_run(recipe_from_dict(recipe_dict), run_dir, resume=True, show_progress=False,
-                  data_progress=not ui.console.is_terminal, restart_without_checkpoint=True)
+                  data_progress=not ui.console.is_terminal, restart_without_checkpoint=True, rt=rt)
         send.send(("ok", ""))
     except UserError as exc:
         send.send(("user_error", str(exc)))
@@ -158,9 +154,9 @@ def export(ab: Ablation, cell: Cell, view: GridView) -> None:
     ensure_export(cell.run_dir, cell.run_dir / results.EXPORT)
 
 
-def runtime(ab: Ablation, recipe: Recipe) -> Runtime:
-    """Where a cell's eval and specbench run: the recipe's training device, with the ablation's threads."""
-    return Runtime(device=recipe.train.device, threads=ab.threads)
+def runtime(ab: Ablation, recipe: Recipe, stage: str) -> Runtime:
+    """Where a cell's stage runs: the recipe's (`Recipe.runtime`), with the ablation's threads."""
+    return recipe.runtime(stage, ab.threads)
 
 
 def eval_config(recipe: Recipe, gsm8k: Path | None) -> EvalConfig:
@@ -171,15 +167,14 @@ def eval_config(recipe: Recipe, gsm8k: Path | None) -> EvalConfig:
 def evaluate(ab: Ablation, cell: Cell, view: GridView) -> None:
     from mtp_cli.evals.runner import run_eval  # see `export`
 
-    run_eval(cell.run_dir, eval_config(cell.recipe, cell.gsm8k), runtime(ab, cell.recipe),
+    run_eval(cell.run_dir, eval_config(cell.recipe, cell.gsm8k), runtime(ab, cell.recipe, "eval"),
              json_path=cell.run_dir / results.EVAL_JSON, show_progress=view.show_nested)
 
 
 def specbench(ab: Ablation, cell: Cell, view: GridView) -> None:
     from mtp_cli.bench.run import run_specbench  # see `export`
 
-    rt = dataclasses.replace(runtime(ab, cell.recipe), compile=cell.recipe.specbench.compile)
-    run_specbench(cell.run_dir, cell.recipe.specbench, rt, gsm8k_data=cell.gsm8k,
+    run_specbench(cell.run_dir, cell.recipe.specbench, runtime(ab, cell.recipe, "specbench"), gsm8k_data=cell.gsm8k,
                   json_path=cell.run_dir / results.SPEC_JSON, show_progress=view.show_nested)
 
 

@@ -31,7 +31,7 @@ from mtp_cli.base.dist import DistInfo, dist_info
 from mtp_cli.base.errors import Stop, Terminated, UserError
 from mtp_cli.base.files import atomic_write_text, write_json
 from mtp_cli.base.run_files import TRAIN_LOCK
-from mtp_cli.config.recipe import Recipe, recipe_from_dict
+from mtp_cli.config.recipe import Recipe, Runtime, recipe_from_dict
 from mtp_cli.config.schedule import lr_at
 from mtp_cli.corpus import token_data as corpus
 from mtp_cli.data import shards
@@ -258,14 +258,16 @@ def _val_row(model: MTPModel, data: shards.TokenData, recipe: Recipe, device: to
 
 def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = False,
           show_progress: bool = True, data_progress: bool | None = None,
-          restart_without_checkpoint: bool = False) -> dict:
-    """Train one run into `out`; returns the run summary (also written to out/run.json). `data_progress`
+          restart_without_checkpoint: bool = False, rt: Runtime | None = None) -> dict:
+    """Train one run into `out` on `rt` (default: `recipe.runtime()`, the recipe's device and compile switch,
+    torch's threads); returns the run summary (also written to out/run.json). `data_progress`
     (default: `show_progress`) shows making the data, e.g. a self-distilled corpus, apart from training. With
     train.init_from the recipe's [model] must already be the source's (`pretrained.resolve_recipe`).
     Under torchrun, train.parallel = "fsdp" shards the model (mtp_cli/model/parallel.py) and its checkpoints
     (mtp_cli/model/sharded_checkpoint.py); "ddp" replicates it."""
     segment_t0 = time.perf_counter()
-    source, ddp, device = _check_recipe(recipe)
+    rt = rt or recipe.runtime()
+    source, ddp, device = _check_recipe(recipe, rt)
     out = Path(out)
     with _run_lock(out, ddp.main):  # a refusal leaves no folder that was not there
         do_resume = _on_every_rank(ddp, check_out_dir(out, recipe, resume, force, restart_without_checkpoint)
@@ -273,7 +275,8 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
         data = _prepare_data(recipe, ddp, source, show_progress if data_progress is None else data_progress)
         out.mkdir(parents=True, exist_ok=True)
         try:
-            return _train_locked(recipe, out, ddp, device, source, data, do_resume, show_progress, segment_t0)
+            return _train_locked(recipe, out, ddp, device, bool(rt.compile), source, data, do_resume, show_progress,
+                                 segment_t0)
         except (MemoryError, torch.OutOfMemoryError, RuntimeError) as exc:
             if not isinstance(exc, (MemoryError, torch.OutOfMemoryError)) and "allocate memory" not in str(exc):
                 raise
@@ -281,10 +284,10 @@ def train(recipe: Recipe, out: str | Path, resume: bool = False, force: bool = F
                             "lower train.batch_size or the model's size, or raise train.grad_accum") from None
 
 
-def _train_locked(recipe: Recipe, out: Path, ddp: DistInfo, device: torch.device, source, data: shards.TokenData,
-                  do_resume: bool, show_progress: bool, segment_t0: float) -> dict:
+def _train_locked(recipe: Recipe, out: Path, ddp: DistInfo, device: torch.device, compile: bool, source,
+                  data: shards.TokenData, do_resume: bool, show_progress: bool, segment_t0: float) -> dict:
     """`train`'s work once the folder is ours and the data ready: build, resume, loop, finish."""
-    model, optimizer = _build_model(recipe, source, device, ddp)
+    model, optimizer = _build_model(recipe, source, device, ddp, compile)
     start_step, clock_state = 0, None
     if do_resume:
         _check_run_tokenizer(out, data.tokenizer)
@@ -304,20 +307,21 @@ def _train_locked(recipe: Recipe, out: Path, ddp: DistInfo, device: torch.device
     return run.finish(step, last_val)
 
 
-def _check_recipe(recipe: Recipe) -> tuple[pretrained.Source | None, DistInfo, torch.device]:
-    """Validate what can be checked before any file is touched; join the torchrun job."""
+def _check_recipe(recipe: Recipe, rt: Runtime) -> tuple[pretrained.Source | None, DistInfo, torch.device]:
+    """Validate what can be checked before any file is touched; take `rt`'s threads; join the torchrun job."""
     recipe.validate()
+    rt.validate()
     t = recipe.train
     if (t.freeze_trunk or recipe.data.source == "self") and not t.init_from:
         raise UserError("this recipe starts from its [source]'s export: run it with `mtp ablate`, or pass --init-from")
     source = pretrained.resolve_recipe(recipe) if t.init_from else None
     tracking.require(t.track)
-    ddp = init_distributed(t.device)
+    ddp = init_distributed(rt.device)
     if source is not None and ddp.main:
         ui.console.print(f"context: training at {recipe.model.context:,} tokens ({t.init_from} has "
                          f"{source.model.context:,} positions; set model.context in a recipe for another)",
                          markup=False, highlight=False, soft_wrap=True)
-    device = torch.device(f"cuda:{ddp.local_rank}") if env.pick_device(t.device).type == "cuda" else torch.device("cpu")
+    device = torch.device(f"cuda:{ddp.local_rank}") if env.use_runtime(rt).type == "cuda" else torch.device("cpu")
     per_rank, rem = divmod(t.batch_size, ddp.world * t.grad_accum)
     if rem or per_rank < 1:
         raise UserError(f"train.batch_size ({t.batch_size}) must be a multiple of world size × grad_accum "
@@ -371,7 +375,8 @@ def _prepare_data(recipe: Recipe, ddp: DistInfo, source, show_progress: bool) ->
     return data
 
 
-def _build_model(recipe: Recipe, source, device: torch.device, ddp: DistInfo) -> tuple[MTPModel, torch.optim.Optimizer]:
+def _build_model(recipe: Recipe, source, device: torch.device, ddp: DistInfo,
+                 compile: bool) -> tuple[MTPModel, torch.optim.Optimizer]:
     """The model at train.seed (or from the source checkpoint), compiled, sharded and moved; its optimizer."""
     t = recipe.train
     torch.manual_seed(t.seed)
@@ -380,7 +385,7 @@ def _build_model(recipe: Recipe, source, device: torch.device, ddp: DistInfo) ->
         pretrained.init_model(model, source)
     if t.freeze_trunk:
         model.freeze_trunk()
-    if t.compile:  # each block, before any sharding (as torchtitan does)
+    if compile:  # each block, before any sharding (as torchtitan does)
         compile_blocks(model)
     if parallel.sharded(t.parallel, ddp.world):  # before the optimizer, which then holds the local shards
         parallel.fully_shard_model(model, device, ddp.world)
