@@ -14,7 +14,7 @@ ABLATE_FLAGS = --recipe $(RECIPE) --results-root $(OUT) $(if $(THREADS),--thread
 RESULTS ?= results
 NAME = $(basename $(notdir $(RECIPE)))
 
-.PHONY: install smollm2 llamacpp lint test test-slow check-readme report render plan bench clean
+.PHONY: install smollm2 llamacpp lint test test-slow check-readme report render plan bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ plan: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) scripts/bench_train.py
+
+# One CUDA GPU, one command, at most 8 minutes: every CUDA path once (scripts/gpu_check.py), into
+# runs/gpu-check/gpu_check.json and .md. A lent GPU machine has no .venv: its own python3 (with CUDA torch) runs it.
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),python3) scripts/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf runs .cache
