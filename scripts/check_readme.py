@@ -30,6 +30,9 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from mtp_cli.config.recipe import toml_text  # noqa: E402 (the repository's package, beside this script)
+
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SMALL = {"--limit": "1", "--steps": "4", "--repeats": "1", "--samples": "2", "--max-new-tokens": "8",
          "--batch-sizes": "1", "--nproc_per_node": "2", "--nproc-per-node": "2"}
@@ -76,29 +79,8 @@ def tiny_recipe(name: str, folder: Path) -> Path:
         del data["variants"]
     path = folder.parent / "recipes" / f"{name}.toml"  # beside the clone: its recipes/ stay as committed
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(_toml(data))
+    path.write_text(toml_text(data))
     return path
-
-
-def _toml(data: dict) -> str:
-    def value(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        raise TypeError(v)
-
-    top = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and k != "variants"]
-    sections = [f"\n[{k}]\n" + "\n".join(f"{kk} = {value(vv)}" for kk, vv in v.items())
-                for k, v in data.items() if isinstance(v, dict)]
-    variants = ["\n[[variants]]\n" + "\n".join(f"{k} = {value(x)}" for k, x in v.items()) for v in data.get("variants", [])]
-    return "\n".join(top + sections + variants) + "\n"
 
 
 def shrink(words: list[str], scratch: Path) -> list[str]:

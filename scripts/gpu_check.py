@@ -77,23 +77,7 @@ def check_recipe(tiny: bool, device: str):
 
 def write_recipe(recipe, path: Path) -> Path:
     """The recipe as TOML (its model/mtp/data/train tables), for the torchrun command lines."""
-    def value(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
-
-    d = recipe.to_dict()
-    lines = [f"name = {value(d['name'])}"]
-    for section in ("model", "mtp", "data", "train"):
-        lines.append(f"\n[{section}]")
-        lines += [f"{k} = {value(v)}" for k, v in d[section].items() if v is not None and v != {}]
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(recipe.to_toml())
     return path
 
 

@@ -56,28 +56,9 @@ def micro_recipe(objective: str = "ntp", steps: int = 4, **mtp_kw) -> Recipe:
     return recipe
 
 
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no TOML for {value!r}")
-
-
 def recipe_toml(recipe: Recipe) -> str:
     """TOML text of a recipe's name and model/mtp/data/train sections (None values left out)."""
-    d = recipe.to_dict()
-    lines = [f"name = {_toml_value(d['name'])}"]
-    for section in ("model", "mtp", "data", "train"):
-        lines.append(f"\n[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in d[section].items() if v is not None]
-    return "\n".join(lines) + "\n"
+    return recipe.to_toml()
 
 
 def write_recipe(recipe: Recipe, path: Path) -> Path:

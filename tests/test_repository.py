@@ -232,3 +232,17 @@ def test_committed_tokenizers_are_stored_once():
         target = link.resolve()
         assert target.parent == (REPO / "results" / "tokenizers").resolve() and not os.path.isabs(os.readlink(link))
         assert target.name.endswith(toklib.fingerprint(toklib.load(link)))
+
+
+def test_every_committed_recipe_survives_a_round_trip_through_toml_text():
+    """`toml_text` (the TOML writer of check_readme, the GPU check and the tests) gives back the tables it was given."""
+    import tomllib
+
+    from mtp_cli.config.recipe import load_recipe, recipe_data, toml_text
+
+    for path in sorted((REPO / "recipes").glob("*.toml")):
+        data = recipe_data(path)
+        assert tomllib.loads(toml_text(data)) == data, path.name
+        recipe = load_recipe(path)
+        assert tomllib.loads(recipe.to_toml())["train"] == {k: v for k, v in recipe.to_dict()["train"].items()
+                                                           if v is not None}

@@ -8,6 +8,7 @@ every entry point (train, ablate, tests) rejects the same bad input the same way
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import tomllib
@@ -629,12 +630,41 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         return _to_toml_dict(self)
 
+    def to_toml(self, sections: tuple[str, ...] = ("model", "mtp", "data", "train")) -> str:
+        """The recipe's name and these tables as TOML text, which `load_recipe` reads back."""
+        d = self.to_dict()
+        return toml_text({"name": d["name"], **{s: d[s] for s in sections}})
+
     def override(self, section: str, **values: Any) -> None:
         """Apply CLI flags (None = not given) onto one section."""
         target = getattr(self, section)
         for key, value in values.items():
             if value is not None:
                 setattr(target, key, value)
+
+
+def toml_text(data: dict[str, Any]) -> str:
+    """A recipe's tables as TOML text: top-level values, then [tables], then [[variants]]; None left out."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)  # a JSON string is a TOML basic string
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items() if x is not None) + " }"
+        raise TypeError(f"no TOML for {v!r}")
+
+    def pairs(table: dict) -> str:
+        return "\n".join(f"{k} = {value(v)}" for k, v in table.items() if v is not None)
+
+    top = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict) and k != "variants" and v is not None]
+    tables = [f"\n[{k}]\n{pairs(v)}" for k, v in data.items() if isinstance(v, dict)]
+    variants = [f"\n[[variants]]\n{pairs(v)}" for v in data.get("variants", [])]
+    return "\n".join(top + tables + variants) + "\n"
 
 
 def _field_key(name: str) -> str:
