@@ -112,13 +112,19 @@ def export(
     out: Path | None = typer.Option(None, help="Folder for the Hugging Face checkpoint [default: RUN/export]: a new "
                                        "or empty folder, or an earlier export (replaced)."),
     force: bool = typer.Option(False, help="Replace a folder holding other files (never one holding a run)."),
+    with_mtp: bool = typer.Option(False, help="Keep the sequential MTP module, in DeepSeek-V3's layout, for "
+                                             "transformers' generate(use_mtp=True) (docs/pretrained.md)."),
 ) -> None:
-    """Write the trunk alone (MTP modules discarded) as a Hugging Face LlamaForCausalLM checkpoint."""
-    from mtp_cli.base.run_files import EXPORT
+    """Write the trunk as a Hugging Face LlamaForCausalLM checkpoint (MTP modules discarded, or kept with --with-mtp)."""
+    import json
+
+    from mtp_cli.base.run_files import EXPORT, EXPORT_INFO
     from mtp_cli.model.hf import export_run
 
-    path = export_run(run, out or run / EXPORT, force=force)
+    path = export_run(run, out or run / EXPORT, force=force, with_mtp=with_mtp)
     ui.out.print(f"exported {run} -> {path} (load with transformers.AutoModelForCausalLM.from_pretrained)", markup=False)
+    for difference in json.loads((path / EXPORT_INFO).read_text())["mtp_differences"]:
+        ui.out.print(f"note: the MTP module was {difference}", markup=False)
 
 
 @app.command("eval")

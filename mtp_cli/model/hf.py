@@ -2,7 +2,9 @@
 trunk started from a Qwen2 checkpoint does): the export that tools we did not write can load.
 
 The trunk mirrors Llama's parameter names and rotate-half RoPE, so conversion is a renaming
-(`x` -> `model.x`, `lm_head` kept as is) in both directions; MTP modules are never part of it.
+(`x` -> `model.x`, `lm_head` kept as is) in both directions. MTP modules are discarded, unless
+`with_mtp` adds the sequential module in DeepSeek-V3's layout for transformers' own MTP decoding
+(`hf_mtp.py`).
 `load_export` reads such a folder back into our `Trunk` (through `pretrained`, which also reads
 checkpoints we did not write), so evaluation scores the export itself. With tied embeddings
 the checkpoint carries no `lm_head.weight` and the config says `tie_word_embeddings`.
@@ -19,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
@@ -26,7 +29,7 @@ from mtp_cli.base import outputs
 from mtp_cli.base.errors import UserError
 from mtp_cli.base.run_files import EXPORT, EXPORT_INFO
 from mtp_cli.config.recipe import ModelConfig
-from mtp_cli.model import pretrained
+from mtp_cli.model import hf_mtp, pretrained
 from mtp_cli.model.checkpoint import checkpoint_stamp, load_run
 from mtp_cli.model.trunk import Trunk
 
@@ -118,13 +121,16 @@ def ensure_export(run_dir: str | Path, out_dir: str | Path | None = None) -> Pat
     return export_run(run_dir, out_dir)
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path, force: bool = False) -> Path:
-    """Write the run's trunk (MTP modules discarded) as a Hugging Face checkpoint folder; return it.
+def export_run(run_dir: str | Path, out_dir: str | Path, force: bool = False, with_mtp: bool = False) -> Path:
+    """Write the run's trunk as a Hugging Face checkpoint folder; return it. The MTP modules are discarded,
+    or with `with_mtp` kept as layers L.. in DeepSeek-V3's layout with `num_mtp_layers` in config.json
+    (`hf_mtp`; refused in one line where transformers cannot express them, differences in export_info.json).
     Only a new or empty folder or an earlier export is replaced (`outputs.replaceable_export`), and
     atomically: the export is written beside it and swapped in whole."""
 
     out_dir = outputs.replaceable_export(out_dir, run_dir, force)
     run = load_run(run_dir)
+    differences = hf_mtp.check_exportable(run.model) if with_mtp else []
     out_dir = Path(os.path.abspath(out_dir))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
@@ -132,18 +138,39 @@ def export_run(run_dir: str | Path, out_dir: str | Path, force: bool = False) ->
         hf_logging.disable_progress_bar()
         model = to_hf_model(run)
         model.generation_config = generation_config(run.tokenizer)
+        if with_mtp:
+            setattr(model.config, hf_mtp.NUM_MTP_LAYERS, run.model.n_extra)
         model.save_pretrained(tmp, safe_serialization=True)
+        if with_mtp:
+            _add_tensors(tmp, hf_mtp.mtp_state_dict(run.model))
         run.tokenizer.save_pretrained(tmp)
         counts = run.model.param_counts()
         (tmp / EXPORT_INFO).write_text(json.dumps({
             "run": str(Path(run_dir).resolve()), "step": run.step, "objective": run.model.objective,
-            "trunk_params": counts["trunk"], "mtp_params_discarded": counts["mtp"], "source": _source_stamp(run_dir),
+            "trunk_params": counts["trunk"], "mtp_params_discarded": 0 if with_mtp else counts["mtp"],
+            "mtp_layers": run.model.n_extra if with_mtp else 0, "mtp_differences": differences,
+            "source": _source_stamp(run_dir),
         }, indent=2) + "\n")
         _with_default_modes(tmp)
         _swap_in(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _add_tensors(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Add tensors to a saved checkpoint: into model.safetensors, or as one more shard of a sharded one."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        save_file({**load_file(folder / "model.safetensors"), **tensors}, folder / "model.safetensors",
+                  metadata={"format": "pt"})
+        return
+    doc = json.loads(index.read_text())
+    save_file(tensors, folder / "model-mtp.safetensors", metadata={"format": "pt"})
+    doc["weight_map"].update({k: "model-mtp.safetensors" for k in tensors})
+    doc.setdefault("metadata", {})["total_size"] = doc.get("metadata", {}).get("total_size", 0) + sum(
+        t.numel() * t.element_size() for t in tensors.values())
+    index.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def _with_default_modes(folder: Path) -> None:

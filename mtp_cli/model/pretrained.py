@@ -187,10 +187,17 @@ def trunk_state(folder: Path, model: ModelConfig) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):
         state.update(load_file(path))
-    renamed = {k.removeprefix("model."): v.float() for k, v in state.items()}
+    renamed = {k.removeprefix("model."): v.float() for k, v in state.items()
+               if _layer_index(k) is None or _layer_index(k) < model.n_layers}  # layers past the trunk's: MTP
     if model.tie_embeddings:
         renamed.pop("lm_head.weight", None)
     return renamed
+
+
+def _layer_index(key: str) -> int | None:
+    """N of a `model.layers.N.` key (an MTP layer in DeepSeek-V3's layout when N >= num_hidden_layers)."""
+    parts = key.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() else None
 
 
 def load_into(trunk, folder: Path, where: str | Path) -> None:
