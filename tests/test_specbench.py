@@ -54,7 +54,8 @@ def test_sequential_report(tiny_runs, tmp_path):
     assert set(cond["results"]) == {"1", "2"}
     assert set(cond["results"]["1"]) == {"greedy", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
     assert set(cond["results"]["2"]) == {"greedy", "mtp", "hf_generate"}
-    assert set(cond["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted"}
+    assert set(cond["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp"}
+    assert "this run has 2" in cond["skipped"]["1"]["hf_mtp"]  # transformers' MTP layer cannot chain ours
     for methods in cond["results"].values():
         for e in methods.values():
             assert all(k in e for k in KEYS)
@@ -332,7 +333,7 @@ def test_conditions_report(tiny_runs, tmp_path):
 
     s1 = sampled["results"]["1"]
     assert set(s1) == {"sample", "mtp", "hf_generate"} and set(sampled["results"]["2"]) == {"sample", "mtp", "hf_generate"}
-    assert set(sampled["skipped"]["1"]) == {"hf_prompt_lookup", "hf_assisted"}
+    assert set(sampled["skipped"]["1"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp"}
     assert s1["mtp"]["lossless"] is None and s1["mtp"]["label"] == "ours, MTP speculative sampling"
     assert all(e["tokens"] > 0 for e in s1.values())
 
@@ -398,7 +399,7 @@ def test_results_read_one_schema_and_the_migration_rewrites_the_old_one(tiny_run
                          json_path=tmp_path / "bare.json", show_progress=False)
     row = bare["conditions"][0]
     assert set(row["results"]["1"]) == {"greedy", "mtp"} and row["results"]["1"]["mtp"]["lossless"]
-    assert set(row["skipped"]["1"]) == {"hf_generate", "hf_prompt_lookup"}
+    assert set(row["skipped"]["1"]) == {"hf_generate", "hf_prompt_lookup", "hf_mtp"}
     assert all("--peers none" in why for why in row["skipped"]["1"].values())
     # schema 2 spelled intervals `_ci`: the migration renames them and changes nothing else
     v2 = tmp_path / "v2.json"
@@ -445,3 +446,20 @@ def test_each_benchmark_compiles_afresh_and_never_times_eager_code_as_compiled(t
     with pytest.raises(RuntimeError, match="recompile limit"):  # its greedy and MTP engines: two graphs
         run_specbench(tiny_runs["sequential"], cfg, rt, json_path=tmp_path / "mtp.json", show_progress=False)
     assert not (tmp_path / "mtp.json").exists()
+
+
+def test_transformers_mtp_decoding_is_a_peer_with_the_runs_own_module(tmp_path):
+    """A D=1 run: `hf_mtp` (generate(use_mtp=True) on the run exported --with-mtp) is timed at batch size 1,
+    lossless like every method, and left out at 2 (transformers' assisted decoding takes one row)."""
+    from helpers import tiny_recipe
+
+    from mtp_cli.train.loop import train
+
+    train(tiny_recipe("sequential", steps=4, depth=1, lambda_=0.3), tmp_path / "d1", show_progress=False)
+    cfg = SpecbenchConfig(prompts="heldout", limit=2, max_new_tokens=8, batch_sizes=[1, 2], repeats=1)
+    report = run_specbench(tmp_path / "d1", cfg, json_path=tmp_path / "s.json", show_progress=False)
+    cond = only(report)
+    row = cond["results"]["1"]["hf_mtp"]
+    assert row["lossless"] is True and row["label"].startswith("HF MTP") and row["tokens"] > 0
+    assert "hf_mtp" in cond["skipped"]["2"] and "hf_mtp" not in cond["results"]["2"]
+    assert report["peers"]["hf_mtp"] == {"num_mtp_layers": 1, "differences": []}

@@ -20,6 +20,7 @@ from mtp_cli.decode.timing import PhaseTimer
 
 LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "hf_generate": "HF generate (greedy)",
           "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted (draft model)",
+          "hf_mtp": "HF MTP (generate use_mtp, the run's module)",
           "sample": "ours, plain sampling"}
 
 

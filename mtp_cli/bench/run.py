@@ -8,7 +8,10 @@ reported as medians with 95% percentile-bootstrap intervals over repeats. Method
 - mtp: `speculative_generate` with the run's own modules (absent for an NTP run: nothing to draft with);
 - hf_generate: `LlamaForCausalLM.generate`, greedy, on the same weights;
 - hf_prompt_lookup: its prompt-lookup decoding (batch size 1 only, a transformers restriction);
-- hf_assisted: its draft-model speculative decoding with `--draft RUN`'s trunk (batch size 1 only).
+- hf_assisted: its draft-model speculative decoding with `--draft RUN`'s trunk (batch size 1 only);
+- hf_mtp: its own MTP self-speculative decoding (`generate(use_mtp=True)`) with the run's module, exported
+  with `--with-mtp` into a scratch folder (batch size 1 only): our MTP ÷ this is the engine's cost, the
+  drafter held fixed.
 Every method's output is compared with greedy's on every prompt (`lossless`); where they differ the
 first differing position and our trunk's top-2 logit gap there say whether a near-tie explains it.
 Ideal MTP speedup, from forward parts timed side by side: MAL · T_step / (T_verify + T_draft).
@@ -26,6 +29,8 @@ the reference (our plain decoder at the smallest batch size), and MTP rows carry
 from __future__ import annotations
 
 import contextlib
+import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +39,12 @@ import torch
 from mtp_cli.base import env, outputs, ui
 from mtp_cli.base.errors import UserError
 from mtp_cli.base.result_docs import SpecbenchDoc, write_spec
+from mtp_cli.base.run_files import EXPORT_INFO
 from mtp_cli.bench.costs import add_forward_costs
 from mtp_cli.bench.draft_select import choose_draft_len, choose_draft_width, tuning_prompts
 from mtp_cli.bench.forward_cost import weight_floor
 from mtp_cli.bench.measure import measure, summarise
-from mtp_cli.bench.runners import applicable, hf_model, methods_for, weight_bytes
+from mtp_cli.bench.runners import applicable, hf_model, hf_mtp_model, methods_for, weight_bytes
 from mtp_cli.bench.schema import JSON_NAME, condition_entry, header, headline
 from mtp_cli.config.conditions import HELDOUT, Condition, plan_conditions
 from mtp_cli.config.recipe import Runtime, SpecbenchConfig
@@ -69,9 +75,9 @@ def run_specbench(run_dir, cfg: SpecbenchConfig, rt: Runtime | None = None, *, d
     try:
         device = env.use_runtime(rt).type
         compile = default_compile(device) if rt.compile is None else rt.compile
-        with _fresh_compiler(compile):
+        with _fresh_compiler(compile), tempfile.TemporaryDirectory(prefix="mtp-specbench-") as scratch:
             return _specbench(run_dir, cfg, conditions, primary, device, compile, draft_run, json_path,
-                              show_progress, gsm8k_data)
+                              show_progress, gsm8k_data, Path(scratch))
     finally:
         torch.set_num_threads(saved)
 
@@ -97,7 +103,7 @@ def _fresh_compiler(compile: bool):
 
 
 def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], primary: str, device: str, compile: bool,
-               draft_run, json_path, show_progress, gsm8k_data) -> dict:
+               draft_run, json_path, show_progress, gsm8k_data, scratch: Path) -> dict:
     batch_sizes, limit, max_new_tokens, repeats = sorted(set(cfg.batch_sizes)), cfg.limit or None, cfg.max_new_tokens, cfg.repeats
     run = load_run(run_dir, device)
     prompt_sets: dict[str, tuple[list[list[int]], dict]] = {}
@@ -146,17 +152,21 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                         "use --draft-len 1")
     hf = hf_model(run) if cfg.peers != "none" else None
     hf_draft = hf_model(draft) if draft is not None and hf is not None else None
+    hf_mtp = hf_mtp_model(run_dir, run, scratch / "export-mtp") if hf is not None and k else (None, "no peers")
     def peers_left_out(c: Condition) -> str | None:
         return None if cfg.peers == "all" or (cfg.peers == "primary" and c.name == primary) else cfg.peers
 
-    plans = [(c, *methods_for(c, run, hf, hf_draft, max_new_tokens, k, compile, peers_left_out(c), vocab, width))
-             for c in conditions]
+    plans = [(c, *methods_for(c, run, hf, hf_draft, max_new_tokens, k, compile, peers_left_out(c), vocab, width,
+                              hf_mtp)) for c in conditions]
 
     report = header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
     report["draft_vocab"] = vocab_info
     report["draft_len_selection"], report["weight_floor"] = selection, floor
     report["draft_width"], report["draft_width_selection"] = (width if k else None), width_selection
     report["environment"]["compile"] = compile
+    if hf_mtp[0] is not None:
+        info = json.loads((scratch / "export-mtp" / EXPORT_INFO).read_text())
+        report["peers"]["hf_mtp"] = {"num_mtp_layers": info["mtp_layers"], "differences": info["mtp_differences"]}
     n_tasks = sum(len(applicable(runners, bs)) * (repeats + 1) for _, runners, _ in plans for bs in batch_sizes)
     with ui.progress(transient=True, disable=not show_progress) as bar:
         task = bar.add_task("specbench", total=n_tasks, info="")

@@ -6,14 +6,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from mtp_cli.base.errors import UserError
 from mtp_cli.config.conditions import Condition
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.speculative import Drafter, SpecStats, make_drafter, speculative_generate
 from mtp_cli.decode.timing import PhaseTimer
-from mtp_cli.model.hf import generation_config, to_hf_model
+from mtp_cli.model.hf import export_run, generation_config, to_hf_model
+from mtp_cli.model.hf_mtp import enable_mtp
 
 PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
 
@@ -52,30 +55,39 @@ def weight_bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
+BATCH_ONE_PEERS = ("hf_prompt_lookup", "hf_assisted", "hf_mtp")  # transformers' assisted decoding: one row
+
+
 def applicable(runners: dict, bs: int) -> dict:
-    return {m: r for m, r in runners.items() if bs == 1 or m not in ("hf_prompt_lookup", "hf_assisted")}
+    return {m: r for m, r in runners.items() if bs == 1 or m not in BATCH_ONE_PEERS}
 
 
 def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
              compile: bool, peers_left_out: str | None = None, vocab: torch.Tensor | None = None,
-             width: int = 1) -> tuple[dict, dict]:
+             width: int = 1, hf_mtp=(None, "no MTP module")) -> tuple[dict, dict]:
     """The methods measured in one condition, and {method: why not} for the peers left out (all of them where
-    `peers_left_out` names the reason, a key of PEERS_SKIP). `width`: MTP's
-    tree width where it applies (one row, greedy; `speculative_generate`)."""
+    `peers_left_out` names the reason, a key of PEERS_SKIP). `width`: MTP's tree width where it applies
+    (one row, greedy; `speculative_generate`). `hf_mtp`: (transformers model that decodes with the run's
+    own module, or None; why not), from `hf_mtp_model`."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
     runners = {condition.baseline: ours_plain(model, max_new_tokens, eos, compile, t)}
     if k:
         runners["mtp"] = ours_mtp(make_drafter(model, k, compile=compile, draft_vocab=vocab, width=width),
                                   max_new_tokens, eos, t)
-    peers = {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}}
+    peers = {"hf_prompt_lookup": (hf, {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS})}
     if hf_draft is not None:
-        peers["hf_assisted"] = {"assistant_model": hf_draft}
+        peers["hf_assisted"] = (hf, {"assistant_model": hf_draft})
+    mtp_model, no_mtp = hf_mtp
+    skipped = {} if mtp_model is not None or not k else {"hf_mtp": no_mtp}
+    if mtp_model is not None:
+        peers["hf_mtp"] = (mtp_model, {"use_mtp": True})
     if peers_left_out:
-        return runners, {name: PEERS_SKIP[peers_left_out] for name in ["hf_generate", *peers]}
+        return runners, {name: PEERS_SKIP[peers_left_out] for name in ["hf_generate", *peers, *skipped]}
     runners["hf_generate"] = _hf_runner(hf, tokenizer, max_new_tokens, {}, t)
     if t > 0:
-        return runners, {name: SAMPLED_SKIP for name in peers}
-    return runners | {name: _hf_runner(hf, tokenizer, max_new_tokens, extra, t) for name, extra in peers.items()}, {}
+        return runners, {name: SAMPLED_SKIP for name in peers} | skipped
+    return runners | {name: _hf_runner(model, tokenizer, max_new_tokens, extra, t)
+                      for name, (model, extra) in peers.items()}, skipped
 
 
 def _generator(device, temperature: float, first_prompt: int) -> torch.Generator | None:
@@ -114,6 +126,22 @@ def hf_model(run):
     model = to_hf_model(run).to(run.model.trunk.embed_tokens.weight.device)
     model.generation_config = generation_config(run.tokenizer)
     return model
+
+
+def hf_mtp_model(run_dir, run, folder: Path):
+    """transformers' own MTP self-speculative decoding with the run's module: the run exported with it into
+    `folder` (`mtp export --with-mtp`) and loaded as a user loads it (`hf_mtp.enable_mtp`). Returns (model,
+    None), or (None, why not) where transformers cannot express the module (`hf_mtp.check_exportable`)."""
+    from transformers import AutoModelForCausalLM  # transformers: seconds of start-up, only on this path
+
+    try:
+        export_run(run_dir, folder, with_mtp=True)
+    except UserError as exc:
+        return None, str(exc).removeprefix("--with-mtp: ")
+    model = AutoModelForCausalLM.from_pretrained(folder).to(run.model.trunk.embed_tokens.weight.device).eval()
+    enable_mtp(model)
+    model.generation_config = generation_config(run.tokenizer)
+    return model, None
 
 
 class _FirstToken:

@@ -14,7 +14,9 @@ DEGENERATE_THRESHOLD = 0.5  # above this share of degenerate outputs, acceptance
 
 
 
-PEERS = {"hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted"}
+PEERS = {"hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted",
+         "hf_mtp": "HF MTP (our module)"}
+SHOWN_WHERE_MEASURED = {"hf_mtp"}  # results written before this peer existed render as they did
 
 
 
@@ -26,6 +28,8 @@ def inference_section(r: ResultSet) -> Section:
     conditions = r.condition_names
     primary = conditions[0] if conditions else None
     mtp_rows, speed_rows, notes = [], [], set()
+    peer_names = [name for name in PEERS if name not in SHOWN_WHERE_MEASURED or any(
+        name in methods for v in r.variants for _, methods, _ in r.spec_by_batch(v, primary))]
     for v in r.variants:
         for name in conditions:
             for bs, methods, n in r.spec_by_batch(v, name):
@@ -46,7 +50,7 @@ def inference_section(r: ResultSet) -> Section:
             mtp, greedy = methods.get(results.MTP_METHOD), methods.get(results.GREEDY_METHOD) or {}
             if not mtp:
                 notes.add(f"{v}: {_no_mtp_reason(r, v)}")
-            peers = [methods.get(name) or {} for name in PEERS]
+            peers = [methods.get(name) or {} for name in peer_names]
             best_peer = max((p.get("tokens_per_s") or 0 for p in peers), default=0)
             speed_rows.append([v, str(bs), num(greedy.get("tokens_per_s"), 0),
                                num((mtp or {}).get("tokens_per_s"), 0),
@@ -73,6 +77,9 @@ def inference_section(r: ResultSet) -> Section:
                  seeds_note, *sorted(notes)]
     speed_notes = [f"condition {primary}; all on the exported trunk's weights and the same prompts; peers: Hugging "
                    "Face transformers (prompt lookup and assisted decoding run at batch size 1 only)",
+                   *(["HF MTP: transformers' generate(use_mtp=True) with the run's own module (`mtp export "
+                      "--with-mtp`), batch size 1 only: ours MTP ÷ HF MTP is the engine's cost, the drafter held fixed"]
+                     if "hf_mtp" in peer_names else []),
                    "MTP ÷ best peer: MTP speculative tokens/s over the fastest Hugging Face method at that batch size",
                    *_compile_notes(r)]
     tables = [
@@ -82,7 +89,7 @@ def inference_section(r: ResultSet) -> Section:
                "speedup vs our greedy", "ideal speedup"], mtp_rows, mtp_notes,
               empty="no specbench result with MTP drafting stored (stage disabled, not run yet, or NTP only)."),
         Table("Decoding speed against the peers (tokens/s, median of repeats)",
-              ["variant", "batch", "ours greedy", "ours MTP", *PEERS.values(), "ours greedy ÷ HF generate",
+              ["variant", "batch", "ours greedy", "ours MTP", *(PEERS[p] for p in peer_names), "ours greedy ÷ HF generate",
                "MTP ÷ best peer"], speed_rows, speed_notes, empty="no specbench results stored."),
     ]
     parts = parts_table(r, primary)
