@@ -284,12 +284,27 @@ def specbench(
     json_path: Path | None = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
     compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
+    recheck: bool = typer.Option(False, help="Time nothing: recompute RUN's stored speed-ups and lossless verdicts "
+                                            "(or --json's) from the raw data beside them; exit 1 on any mismatch."),
 ) -> None:
     """End-to-end latency: plain decoding vs MTP self-speculative decoding (lossless, checked) vs Hugging Face peers,
     with the share of the timed text that is a repetition loop."""
     from mtp_cli.bench.render import render_table
     from mtp_cli.bench.run import JSON_NAME, run_specbench
     from mtp_cli.config.recipe import Runtime, SpecbenchConfig
+
+    if recheck:
+        from mtp_cli.bench.raw import recheck as recheck_spec
+
+        path = json_path or run / JSON_NAME
+        if not path.is_file():
+            raise UserError(f"--recheck: no {path}")
+        problems = recheck_spec(path)
+        for line in problems:
+            ui.out.print(f"mismatch: {line}", markup=False)
+        verdict = f"{len(problems)} mismatches" if problems else "every stored speed-up and lossless verdict recomputed"
+        ui.out.print(f"{path}: {verdict}", markup=False)
+        raise typer.Exit(1 if problems else 0)
 
     cfg = SpecbenchConfig(prompts=prompts, temperatures=_float_list(temperatures, "--temperatures"), primary=primary,
                           limit=limit, max_new_tokens=max_new_tokens, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),

@@ -463,3 +463,39 @@ def test_transformers_mtp_decoding_is_a_peer_with_the_runs_own_module(tmp_path):
     assert row["lossless"] is True and row["label"].startswith("HF MTP") and row["tokens"] > 0
     assert "hf_mtp" in cond["skipped"]["2"] and "hf_mtp" not in cond["results"]["2"]
     assert report["peers"]["hf_mtp"] == {"num_mtp_layers": 1, "differences": []}
+
+
+def test_the_raw_data_recomputes_every_speedup_and_lossless_verdict(tiny_runs, tmp_path):
+    """specbench_raw.jsonl keeps each timed call's seconds, tokens and token ids; `--recheck` gives back the
+    stored figures from it (exit 0). Controls: one raw wall time doubled, or one output token changed, is
+    caught (exit 1, the figure named)."""
+    from helpers import run_cli
+
+    from mtp_cli.bench.raw import raw_path, recheck
+
+    cfg = SpecbenchConfig(prompts="heldout", temperatures=[0, 0.8], limit=2, max_new_tokens=8, batch_sizes=[1, 2],
+                          repeats=2, peers="none")
+    path = tmp_path / "specbench.json"
+    run_specbench(tiny_runs["sequential"], cfg, json_path=path, show_progress=False)
+    rows = [json.loads(line) for line in raw_path(path).read_text().splitlines()]
+    assert {(r["condition"], r["batch_size"], r["method"]) for r in rows} >= {("heldout-greedy", 1, "mtp"),
+                                                                             ("heldout-t0.8", 2, "sample")}
+    assert all(len(r["seconds"]) == len(r["tokens"]) and sum(r["tokens"]) == sum(map(len, r["outputs"])) for r in rows)
+    assert recheck(path) == []
+    done = run_cli("specbench", tiny_runs["sequential"], "--recheck", "--json", path)
+    assert done.returncode == 0 and "recomputed" in done.stdout
+    original = raw_path(path).read_text()
+    for tamper, expect in (("seconds", "tokens_per_s"), ("outputs", "lossless")):
+        changed = [dict(r) for r in rows]
+        row = next(r for r in changed if r["condition"] == "heldout-greedy" and r["method"] == "mtp"
+                   and r["batch_size"] == 1 and r["repeat"] == 0)
+        if tamper == "seconds":
+            row["seconds"] = [2 * s for s in row["seconds"]]
+        else:
+            row["outputs"] = [[(o[0] + 1) % 512, *o[1:]] for o in row["outputs"]]
+        raw_path(path).write_text("".join(json.dumps(r) + "\n" for r in changed))
+        problems = recheck(path)
+        assert any(expect in p and "heldout-greedy bs 1 mtp" in p for p in problems), problems
+        done = run_cli("specbench", tiny_runs["sequential"], "--recheck", "--json", path)
+        assert done.returncode == 1 and "mismatch:" in done.stdout
+        raw_path(path).write_text(original)

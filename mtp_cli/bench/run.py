@@ -12,6 +12,8 @@ reported as medians with 95% percentile-bootstrap intervals over repeats. Method
 - hf_mtp: its own MTP self-speculative decoding (`generate(use_mtp=True)`) with the run's module, exported
   with `--with-mtp` into a scratch folder (batch size 1 only): our MTP ÷ this is the engine's cost, the
   drafter held fixed.
+Every timed call's seconds, tokens and token ids go to `specbench_raw.jsonl` beside the JSON (`raw.py`), from
+which `mtp specbench --recheck` recomputes the speed-ups and the lossless verdict.
 Every method's output is compared with greedy's on every prompt (`lossless`); where they differ the
 first differing position and our trunk's top-2 logit gap there say whether a near-tie explains it.
 Ideal MTP speedup, from forward parts timed side by side: MAL · T_step / (T_verify + T_draft).
@@ -44,6 +46,7 @@ from mtp_cli.bench.costs import add_forward_costs
 from mtp_cli.bench.draft_select import choose_draft_len, choose_draft_width, tuning_prompts
 from mtp_cli.bench.forward_cost import weight_floor
 from mtp_cli.bench.measure import measure, summarise
+from mtp_cli.bench.raw import raw_rows, write_raw
 from mtp_cli.bench.runners import applicable, hf_model, hf_mtp_model, methods_for, weight_bytes
 from mtp_cli.bench.schema import JSON_NAME, condition_entry, header, headline
 from mtp_cli.config.conditions import HELDOUT, Condition, plan_conditions
@@ -168,6 +171,7 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
         info = json.loads((scratch / "export-mtp" / EXPORT_INFO).read_text())
         report["peers"]["hf_mtp"] = {"num_mtp_layers": info["mtp_layers"], "differences": info["mtp_differences"]}
     n_tasks = sum(len(applicable(runners, bs)) * (repeats + 1) for _, runners, _ in plans for bs in batch_sizes)
+    raw = []
     with ui.progress(transient=True, disable=not show_progress) as bar:
         task = bar.add_task("specbench", total=n_tasks, info="")
         for condition, runners, skipped in plans:
@@ -179,6 +183,7 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                                                        for m in runners if m not in active}
                 tallies = measure(active, ids, bs, repeats, device,
                                    lambda m, c=condition.name, b=bs: bar.update(task, advance=1, info=f"{c} bs {b} {m}"))
+                raw += raw_rows(condition.name, bs, tallies)
                 entry["results"][str(bs)] = summarise(tallies, model, ids, condition, run.tokenizer, bs)
                 base = entry["results"][str(bs)][condition.baseline]
                 base["step_over_floor"] = base["t_step_s"] / floor["floor_s"]
@@ -191,7 +196,9 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                     entry["text"] = text_stats(tallies[condition.baseline][0].outputs, run.tokenizer)
             report["conditions"].append(entry)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    return write_spec(json_path, SpecbenchDoc(**report))
+    written = write_spec(json_path, SpecbenchDoc(**report))
+    write_raw(json_path, raw)
+    return written
 
 
 def _tuning_set(run, source: str, prompt_sets: dict, max_new_tokens: int, gsm8k_data, setting: str,

@@ -1,0 +1,77 @@
+"""Every timed call's raw figures, kept beside specbench.json, so that a reader can recompute what it says.
+
+`specbench_raw.jsonl` (beside `specbench.json`; `<name>_raw.jsonl` beside `<name>.json`) holds one line per
+condition × batch size × method × timed repeat: each batch's wall seconds, time to first token and tokens,
+and every generated token id. `recheck` recomputes each method's tokens/s and speed-up (medians over
+repeats) and, at temperature 0, the lossless verdict token for token, and lists every stored figure that
+the raw data does not give back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from mtp_cli.base.errors import UserError
+from mtp_cli.base.stats import median_ci
+
+SUFFIX = "_raw.jsonl"
+
+
+def raw_path(json_path: Path) -> Path:
+    return json_path.with_name(json_path.stem + SUFFIX)
+
+
+def raw_rows(condition: str, bs: int, tallies: dict) -> list[dict]:
+    """One row per method and timed repeat of one condition at one batch size (`measure`'s tallies)."""
+    rows = []
+    for method, runs in tallies.items():
+        for repeat, t in enumerate(runs):
+            tokens = [sum(len(o) for o in t.outputs[i:i + bs]) for i in range(0, len(t.outputs), bs)]
+            rows.append({"condition": condition, "batch_size": bs, "method": method, "repeat": repeat,
+                         "seconds": t.walls, "ttft_s": t.ttfts, "tokens": tokens, "outputs": t.outputs})
+    return rows
+
+
+def write_raw(json_path: Path, rows: list[dict]) -> Path:
+    path = raw_path(json_path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    tmp.replace(path)
+    return path
+
+
+def recheck(json_path: Path) -> list[str]:
+    """What specbench.json says that its raw rows do not give back (empty: every figure rechecked)."""
+    json_path = Path(json_path)
+    path = raw_path(json_path)
+    if not path.is_file():
+        raise UserError(f"{json_path}: no raw data beside it ({path.name}); it was written before specbench kept it")
+    doc = json.loads(json_path.read_text())
+    runs: dict[tuple, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        runs.setdefault((row["condition"], row["batch_size"], row["method"]), []).append(row)
+    problems = []
+    for cond in doc["conditions"]:
+        baseline = "greedy" if cond["temperature"] == 0 else "sample"
+        for bs, methods in cond["results"].items():
+            base = sorted(runs.get((cond["name"], int(bs), baseline), []), key=lambda r: r["repeat"])
+            for method, entry in methods.items():
+                rows = sorted(runs.get((cond["name"], int(bs), method), []), key=lambda r: r["repeat"])
+                where = f"{cond['name']} bs {bs} {method}"
+                if not rows or len(rows) != len(base):
+                    problems.append(f"{where}: {len(rows)} raw repeats, {len(base)} of the baseline")
+                    continue
+                speed = [sum(r["tokens"]) / sum(r["seconds"]) for r in rows]
+                base_speed = [sum(r["tokens"]) / sum(r["seconds"]) for r in base]
+                for key, values in (("tokens_per_s", speed), ("speedup", [a / b for a, b in zip(speed, base_speed)])):
+                    got = median_ci(values)[0]
+                    if not math.isclose(got, entry[key], rel_tol=1e-9):
+                        problems.append(f"{where}: {key} {entry[key]!r} stored, {got!r} from the raw data")
+                if cond["temperature"] == 0:
+                    same = rows[0]["outputs"] == base[0]["outputs"]
+                    if same != entry["lossless"]:
+                        problems.append(f"{where}: lossless {entry['lossless']} stored, the outputs say {same}")
+    return problems
