@@ -75,12 +75,6 @@ def check_recipe(tiny: bool, device: str):
     return recipe
 
 
-def write_recipe(recipe, path: Path) -> Path:
-    """The recipe as TOML (its model/mtp/data/train tables), for the torchrun command lines."""
-    path.write_text(recipe.to_toml())
-    return path
-
-
 def bf16_peak() -> tuple[str, float | None]:
     import torch
 
@@ -102,7 +96,9 @@ class Part:
         self.write()
 
     def write(self) -> None:
-        self.path.write_text(json.dumps(self.doc, indent=1, default=str))
+        from mtp_cli.base.files import write_json  # atomic: a part killed at its limit never leaves half a file
+
+        write_json(self.path, self.doc)
 
     def check(self, name: str, fn) -> dict | None:
         """Run fn() -> (ok, figures, note); record it (a raised exception is a failed check, its last line kept)."""
@@ -182,7 +178,7 @@ def part_train(args, part: Part) -> None:
     from mtp_cli.train.loop import train
 
     recipe = check_recipe(args.tiny, args.device)
-    write_recipe(recipe, args.work / "recipe.toml")
+    (args.work / "recipe.toml").write_text(recipe.to_toml())  # for the distributed part's torchrun lines
     for compiled in (False, True):
         for objective in ("ntp", "seq-d1"):
             name = f"{objective}-{'compiled' if compiled else 'eager'}"

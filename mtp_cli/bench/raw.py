@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from mtp_cli.base.errors import UserError
+from mtp_cli.base.files import atomic_write_text, read_json_lines, read_json_object
 from mtp_cli.base.stats import median_ci
 
 SUFFIX = "_raw.jsonl"
@@ -36,9 +37,7 @@ def raw_rows(condition: str, bs: int, tallies: dict) -> list[dict]:
 
 def write_raw(json_path: Path, rows: list[dict]) -> Path:
     path = raw_path(json_path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
     return path
 
 
@@ -48,10 +47,9 @@ def recheck(json_path: Path) -> list[str]:
     path = raw_path(json_path)
     if not path.is_file():
         raise UserError(f"{json_path}: no raw data beside it ({path.name}); it was written before specbench kept it")
-    doc = json.loads(json_path.read_text())
+    doc = read_json_object(json_path)
     runs: dict[tuple, list[dict]] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for row in read_json_lines(path, keys=("condition", "method")):
         runs.setdefault((row["condition"], row["batch_size"], row["method"]), []).append(row)
     problems = []
     for cond in doc["conditions"]:
