@@ -26,7 +26,7 @@ from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_p
 from mtp_cli.model.checkpoint import CHECKPOINT, TOKENIZER, load_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "speedup_prompts_ci95", "latency_s",
+KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "tpot_speedup", "tpot_speedup_ci95", "latency_s",
         "ttft_s", "tpot_s", "identical_prompts", "mismatches")
 SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ideal_speedup",
              "ideal_speedup_ci95", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s", "t_prefill_s", "compile_s",
@@ -52,17 +52,20 @@ def test_sequential_report(tiny_runs, tmp_path):
     cond = only(report)
     assert cond["name"] == "humaneval-greedy" and cond["temperature"] == 0 and cond["prompts"]["count"] == 3
     assert set(cond["results"]) == {"1", "2"}
-    assert set(cond["results"]["1"]) == {"greedy", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
-    assert set(cond["results"]["2"]) == {"greedy", "mtp", "hf_generate"}
+    assert set(cond["results"]["1"]) == {"greedy", "aa_control", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
+    assert set(cond["results"]["2"]) == {"greedy", "aa_control", "mtp", "hf_generate"}
     assert set(cond["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp"}
     assert "this run has 2" in cond["skipped"]["1"]["hf_mtp"]  # transformers' MTP layer cannot chain ours
     for methods in cond["results"].values():
         for e in methods.values():
             assert all(k in e for k in KEYS)
             assert e["tokens_per_s"] > 0 and e["speedup"] > 0
-            lo, hi = e["speedup_prompts_ci95"]
-            assert lo <= hi
-        assert methods["greedy"]["speedup_prompts_ci95"] == pytest.approx([1.0, 1.0])
+            for key in ("speedup", "tpot_speedup"):  # the crossed prompt × repeat interval holds its point
+                lo, hi = e[f"{key}_ci95"]
+                assert lo <= e[key] <= hi
+        assert methods["greedy"]["speedup"] == 1.0 and methods["greedy"]["speedup_ci95"] == [1.0, 1.0]
+        aa = methods["aa_control"]  # the baseline's decoder again: same text, a speed-up whose interval holds 1
+        assert aa["lossless"] and aa["speedup"] != 1.0
         m = methods["mtp"]
         assert all(k in m for k in SPEC_KEYS)
         assert m["lossless"] and m["identical_prompts"] == 3 and methods["greedy"]["lossless"]
@@ -172,7 +175,7 @@ def test_ntp_report_measures_baseline_and_peers_only(tiny_runs, tmp_path):
     shutil.copytree(tiny_runs["ntp"], run)
     report = run_specbench(run, SpecbenchConfig(limit=2, max_new_tokens=8, repeats=1), show_progress=False)
     assert (run / "specbench.json").is_file()  # the default place
-    assert set(only(report)["results"]["1"]) == {"greedy", "hf_generate", "hf_prompt_lookup"}
+    assert set(only(report)["results"]["1"]) == {"greedy", "aa_control", "hf_generate", "hf_prompt_lookup"}
     assert "no MTP modules" in report["no_mtp_reason"] and report["draft_len"] is None
 
 
@@ -328,11 +331,11 @@ def test_conditions_report(tiny_runs, tmp_path):
     assert greedy["prompts"]["mean_tokens"] == 64 - 12  # the room the context leaves (< 128)
 
     g1 = greedy["results"]["1"]
-    assert set(g1) == {"greedy", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
+    assert set(g1) == {"greedy", "aa_control", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
     assert all(e["lossless"] for e in g1.values()) and greedy["summary"]["1"]["mtp_lossless"] is True
 
     s1 = sampled["results"]["1"]
-    assert set(s1) == {"sample", "mtp", "hf_generate"} and set(sampled["results"]["2"]) == {"sample", "mtp", "hf_generate"}
+    assert set(s1) == {"sample", "aa_control", "mtp", "hf_generate"} and set(sampled["results"]["2"]) == {"sample", "aa_control", "mtp", "hf_generate"}
     assert set(sampled["skipped"]["1"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp"}
     assert s1["mtp"]["lossless"] is None and s1["mtp"]["label"] == "ours, MTP speculative sampling"
     assert all(e["tokens"] > 0 for e in s1.values())
@@ -392,13 +395,13 @@ def test_results_read_one_schema_and_the_migration_rewrites_the_old_one(tiny_run
     assert humaneval["prompts"]["source"] == "humaneval" and results.spec_condition(folder.spec, "nope") == {}
     # --peers primary: the Hugging Face peers are timed in the primary condition only, and say so elsewhere
     assert {"hf_generate", "hf_prompt_lookup"} <= set(primary["results"]["1"])
-    assert set(humaneval["results"]["1"]) == {"greedy", "mtp"}
+    assert set(humaneval["results"]["1"]) == {"greedy", "aa_control", "mtp"}
     assert "primary condition only" in humaneval["skipped"]["1"]["hf_generate"]
     # --peers none: no peer anywhere, each left out with its reason; the MTP row is measured as before
     bare = run_specbench(run, SpecbenchConfig(prompts="humaneval", limit=2, max_new_tokens=8, repeats=1, peers="none"),
                          json_path=tmp_path / "bare.json", show_progress=False)
     row = bare["conditions"][0]
-    assert set(row["results"]["1"]) == {"greedy", "mtp"} and row["results"]["1"]["mtp"]["lossless"]
+    assert set(row["results"]["1"]) == {"greedy", "aa_control", "mtp"} and row["results"]["1"]["mtp"]["lossless"]
     assert set(row["skipped"]["1"]) == {"hf_generate", "hf_prompt_lookup", "hf_mtp"}
     assert all("--peers none" in why for why in row["skipped"]["1"].values())
     # schema 2 spelled intervals `_ci`: the migration renames them and changes nothing else
@@ -499,3 +502,24 @@ def test_the_raw_data_recomputes_every_speedup_and_lossless_verdict(tiny_runs, t
         done = run_cli("specbench", tiny_runs["sequential"], "--recheck", "--json", path)
         assert done.returncode == 1 and "mismatch:" in done.stdout
         raw_path(path).write_text(original)
+
+
+def test_methods_take_turns_prompt_by_prompt_in_a_rotating_order():
+    """Each repeat runs every method on a prompt before the next prompt, the order rotated by prompt and repeat,
+    so a slow spell of a shared machine lands on every method for the same prompt."""
+    from mtp_cli.bench.measure import measure
+
+    calls = []
+
+    def runner(name):
+        def run(batch, tally):
+            calls.append((name, batch[0][0]))
+            return [[1, 2, 3]], 0.0
+        return run
+
+    tallies = measure({m: runner(m) for m in "abc"}, [[0], [1], [2], [3]], 1, 2, "cpu", lambda m: None)
+    timed = calls[3:]  # after one warm-up call each
+    assert [p for _, p in timed] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3] * 2
+    firsts = [timed[i][0] for i in range(0, len(timed), 3)]
+    assert firsts == ["a", "b", "c", "a", "b", "c", "a", "b"]
+    assert all(len(t) == 2 and all(len(r.walls) == 4 and r.tokens == 12 for r in t) for t in tallies.values())

@@ -285,3 +285,42 @@ def test_the_detectable_rule_has_77_percent_power_at_three_seeds():
     assert power(rule) == pytest.approx(0.767, abs=0.005)
     assert power(1.053 * rule) == pytest.approx(0.80, abs=0.005)
     assert power(0.0) == pytest.approx(0.05, abs=0.003)
+
+
+@pytest.mark.parametrize("n, repeats, prompt_sd, repeat_sd, noise_sd", [
+    (32, 3, 0.05, 0.05, 0.03),   # prompts and the machine's repeat-to-repeat drift alike
+    (32, 3, 0.0, 0.0, 0.05),     # an A/A control: no prompt effect, cell noise only
+    (32, 3, 0.10, 0.0, 0.02),    # prompts dominate (MTP: acceptance varies by prompt)
+    (8, 3, 0.02, 0.08, 0.02),    # the drift dominates: two degrees of freedom
+    (16, 5, 0.05, 0.02, 0.05),
+])
+def test_crossed_speedup_interval_covers_prompts_and_repeats(n, repeats, prompt_sd, repeat_sd, noise_sd):
+    """The speed-up interval (a mean log ratio over prompts × repeats) covers the true ratio >= 93% of the time
+    when both which prompts were drawn and the repeat's machine state vary; the control, a bootstrap over
+    prompts of each prompt's mean over repeats, covers far less once the repeats drift."""
+    from mtp_cli.base.stats import crossed_log_mean_ci
+
+    rng = np.random.default_rng(7)
+    sims, hits, naive_hits = 600, 0, 0
+    for _ in range(sims):
+        y = (0.2 + rng.normal(0, prompt_sd, (n, 1)) + rng.normal(0, repeat_sd, (1, repeats))
+             + rng.normal(0, noise_sd, (n, repeats)))
+        point, (lo, hi) = crossed_log_mean_ci(y)
+        assert lo <= point <= hi
+        hits += lo <= math.exp(0.2) <= hi
+        means = y.mean(1)
+        boots = means[rng.integers(0, n, (400, n))].mean(1)
+        naive_hits += np.percentile(boots, 2.5) <= 0.2 <= np.percentile(boots, 97.5)
+    assert hits / sims >= 0.93
+    if repeat_sd >= 0.05:
+        assert naive_hits / sims < 0.85
+
+
+def test_crossed_speedup_interval_edge_cases():
+    from mtp_cli.base.stats import crossed_log_mean_ci
+
+    assert crossed_log_mean_ci(np.zeros((4, 3))) == (1.0, [1.0, 1.0])
+    assert crossed_log_mean_ci(np.zeros((1, 1))) == (1.0, [None, None])
+    assert crossed_log_mean_ci(np.array([[0.0, np.nan]]))[1] == [None, None]
+    one_repeat = crossed_log_mean_ci(np.array([[0.1], [0.3]]))  # prompts only: a t over them
+    assert one_repeat[1][0] < math.exp(0.2) < one_repeat[1][1]

@@ -78,6 +78,7 @@ class SpecbenchDoc:
     draft_width_selection: dict[str, Any] | None = None  # specbench.draft_widths: every candidate width
     weight_floor: dict[str, Any] | None = None  # a step's weight bytes over the read bandwidth measured in the run
     prompts_interval: str | None = None  # what each method's speedup_prompts_ci95 is (older files have none)
+    speedup_interval: str | None = None  # what each method's speedup and its interval are (older files: `interval`)
     schema: int = SPEC_SCHEMA
 
 

@@ -1,4 +1,5 @@
-"""Timing the methods and summarising the timings: interleaved repeats after a warm-up, medians with
+"""Timing the methods and summarising the timings: repeats interleaved prompt by prompt after a warm-up,
+paired speed-ups with intervals over prompts and repeats (speedup.py), medians of the other timings with
 percentile-bootstrap intervals over repeats, every output checked against the plain decoder's, and the
 MTP draft counts with the acceptance interval over prompts."""
 
@@ -11,8 +12,10 @@ import numpy as np
 import torch
 
 from mtp_cli.base.result_docs import ci_key
-from mtp_cli.base.stats import median_ci, rate_ratio_ci, ratio_ci
-from mtp_cli.bench.runners import Tally
+from mtp_cli.base.stats import median_ci, ratio_ci
+from mtp_cli.bench.raw import raw_rows
+from mtp_cli.bench.runners import AA_METHOD, Tally
+from mtp_cli.bench.speedup import paired_speedups
 from mtp_cli.config.conditions import Condition
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.speculative import SpecStats
@@ -21,23 +24,28 @@ from mtp_cli.decode.timing import PhaseTimer
 LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "hf_generate": "HF generate (greedy)",
           "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted (draft model)",
           "hf_mtp": "HF MTP (generate use_mtp, the run's module)",
-          "sample": "ours, plain sampling"}
+          "sample": "ours, plain sampling", AA_METHOD: "A/A control: the baseline timed again as a method"}
 
 
 SAMPLED_LABELS = {"mtp": "ours, MTP speculative sampling", "hf_generate": "HF generate (sampling)"}
 
 
 def measure(runners: dict, ids: list[list[int]], bs: int, repeats: int, device: str, tick) -> dict[str, list[Tally]]:
+    """Every method on every batch in each of `repeats` repeats, after one warm-up call each. The methods take
+    turns batch by batch (the order rotated by repeat and batch), so that a slow spell of a shared machine
+    falls on all of them for the same prompts; a method's Tally for one repeat gathers its batches in order."""
     batches = [ids[i:i + bs] for i in range(0, len(ids), bs)]
     names = list(runners)
     for name in names:  # warm-up: allocator, lazy initialisation, caches
         runners[name](batches[0], Tally(timer=PhaseTimer(device)))
         tick(name)
-    tallies: dict[str, list[Tally]] = {name: [] for name in names}
+    tallies: dict[str, list[Tally]] = {name: [Tally(timer=PhaseTimer(device)) for _ in range(repeats)]
+                                       for name in names}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            tally = Tally(timer=PhaseTimer(device))
-            for batch in batches:
+        for b, batch in enumerate(batches):
+            turn = (r + b) % len(names)
+            for name in names[turn:] + names[:turn]:
+                tally = tallies[name][r]
                 t0 = time.perf_counter()
                 out, ttft = runners[name](batch, tally)
                 if device == "cuda":
@@ -49,20 +57,9 @@ def measure(runners: dict, ids: list[list[int]], bs: int, repeats: int, device: 
                 tally.tpots.append((wall - ttft) / (n - 1) if n > 1 else float("nan"))
                 tally.tokens += sum(len(o) for o in out)
                 tally.outputs.extend(out)
-            tallies[name].append(tally)
+        for name in names:
             tick(name)
     return tallies
-
-
-PROMPTS_CI = "speedup_prompts_ci95"  # the speed-up's interval over prompts (PROMPTS_INTERVAL)
-PROMPTS_INTERVAL = ("95% paired percentile bootstrap over prompts (batches above batch size 1) of the speed-up "
-                    "(ratio of tokens/s), each prompt's tokens and seconds the median over repeats")
-
-
-def _per_batch(runs: list[Tally], bs: int) -> tuple[list[int], list[float]]:
-    """Tokens generated and seconds taken per batch (per prompt at batch size 1), medians over repeats."""
-    tokens = [[sum(len(o) for o in t.outputs[i:i + bs]) for i in range(0, len(t.outputs), bs)] for t in runs]
-    return ([float(x) for x in np.median(tokens, axis=0)], [float(x) for x in np.median([t.walls for t in runs], axis=0)])
 
 
 def _put(entry: dict, key: str, values: Sequence[float]) -> None:
@@ -72,6 +69,7 @@ def _put(entry: dict, key: str, values: Sequence[float]) -> None:
 def summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], condition: Condition, tokenizer,
                bs: int) -> dict:
     base = tallies[condition.baseline]
+    base_rows = raw_rows("", bs, {condition.baseline: base})
     reference = base[0].outputs
     sampled = condition.temperature > 0
     results = {}
@@ -79,15 +77,15 @@ def summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], cond
         label = SAMPLED_LABELS.get(name, LABELS[name]) if sampled else LABELS[name]
         e: dict = {"label": label, "tokens": runs[0].tokens}
         _put(e, "tokens_per_s", [t.tokens_per_s for t in runs])
-        _put(e, "speedup", [t.tokens_per_s / b.tokens_per_s for t, b in zip(runs, base)])
-        e[PROMPTS_CI] = rate_ratio_ci(*_per_batch(runs, bs), *_per_batch(base, bs))
+        e.update(paired_speedups(raw_rows("", bs, {name: runs}), base_rows))
         _put(e, "latency_s", [float(np.mean(t.walls)) for t in runs])
         _put(e, "ttft_s", [float(np.mean(t.ttfts)) for t in runs])
         _put(e, "tpot_s", [float(np.nanmean(t.tpots)) for t in runs])
         if sampled:  # samples differ token for token; speculative sampling is lossless in distribution only
             e.update({"lossless": None, "identical_prompts": None, "mismatches": []})
         else:
-            e.update(_lossless(model, ids, reference, runs[0].outputs))
+            differing = next((t for t in runs if t.outputs != reference), runs[0])  # every repeat is checked
+            e.update(_lossless(model, ids, reference, differing.outputs))
         stats = text_stats(runs[0].outputs, tokenizer)
         e.update(degenerate_share=stats["degenerate_share"], whitespace_share=stats["whitespace_share"])
         if name in (condition.baseline, "mtp"):

@@ -1,10 +1,11 @@
 """Every timed call's raw figures, kept beside specbench.json, so that a reader can recompute what it says.
 
 `specbench_raw.jsonl` (beside `specbench.json`; `<name>_raw.jsonl` beside `<name>.json`) holds one line per
-condition × batch size × method × timed repeat: each batch's wall seconds, time to first token and tokens,
-and every generated token id. `recheck` recomputes each method's tokens/s and speed-up (medians over
-repeats) and, at temperature 0, the lossless verdict token for token, and lists every stored figure that
-the raw data does not give back.
+condition × batch size × method × timed repeat: each batch's wall seconds, time to first token (the
+prefill and the first token; decoding took seconds − ttft_s) and tokens, and every generated token id.
+`recheck` recomputes each method's tokens/s (median over repeats), both speed-ups with their intervals
+(speedup.py) and, at temperature 0, the lossless verdict token for token over every repeat, and lists every
+stored figure that the raw data does not give back.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from mtp_cli.base.errors import UserError
 from mtp_cli.base.files import atomic_write_text, read_json_lines, read_json_object
 from mtp_cli.base.stats import median_ci
+from mtp_cli.bench.speedup import paired_speedups
 
 SUFFIX = "_raw.jsonl"
 
@@ -63,13 +65,20 @@ def recheck(json_path: Path) -> list[str]:
                     problems.append(f"{where}: {len(rows)} raw repeats, {len(base)} of the baseline")
                     continue
                 speed = [sum(r["tokens"]) / sum(r["seconds"]) for r in rows]
-                base_speed = [sum(r["tokens"]) / sum(r["seconds"]) for r in base]
-                for key, values in (("tokens_per_s", speed), ("speedup", [a / b for a, b in zip(speed, base_speed)])):
-                    got = median_ci(values)[0]
-                    if not math.isclose(got, entry[key], rel_tol=1e-9):
-                        problems.append(f"{where}: {key} {entry[key]!r} stored, {got!r} from the raw data")
+                figures = {"tokens_per_s": median_ci(speed)[0]} | paired_speedups(rows, base)
+                for key, got in figures.items():
+                    if not _same(got, entry.get(key)):
+                        problems.append(f"{where}: {key} {entry.get(key)!r} stored, {got!r} from the raw data")
                 if cond["temperature"] == 0:
-                    same = rows[0]["outputs"] == base[0]["outputs"]
+                    same = all(r["outputs"] == base[0]["outputs"] for r in rows)
                     if same != entry["lossless"]:
                         problems.append(f"{where}: lossless {entry['lossless']} stored, the outputs say {same}")
     return problems
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, list) or isinstance(b, list):
+        return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(_same, a, b))
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-9) or (math.isnan(a) and math.isnan(b))

@@ -48,26 +48,30 @@ def _condition_table(report: dict, condition: dict):
     rows = []
     for bs, methods in condition["results"].items():
         for name, e in methods.items():
-            lo, hi = e[ci_key("speedup")]
+            speedup = _with_ci(e, "speedup")
+            tpot_speedup = _with_ci(e, "tpot_speedup") if "tpot_speedup" in e else ""
             acc = _fmt(e.get("acceptance_rate"), "{:.0%}")
             if acc and e[ci_key("acceptance_rate")][0] is not None:
                 acc += " [{:.0%}-{:.0%}]".format(*e[ci_key("acceptance_rate")])
             exact = "-" if e["lossless"] is None else "yes" if e["lossless"] else \
                 f"{e['identical_prompts']}/{e['identical_prompts'] + len(e['mismatches'])}"
             rows.append([
-                str(bs), name, f"{e['tokens_per_s']:.0f}", f"{e['speedup']:.2f} [{lo:.2f}-{hi:.2f}]",
+                str(bs), name, f"{e['tokens_per_s']:.0f}", speedup, tpot_speedup,
                 _fmt(e.get("ideal_speedup"), "{:.2f}"), acc, _fmt(e.get("degenerate_share"), "{:.0%}"),
                 _fmt(e.get("mean_acceptance_length"), "{:.2f}"), f"{e['ttft_s'] * 1e3:.1f}", f"{e['tpot_s'] * 1e3:.2f}",
                 exact])
     parts = _parts_notes(condition)
+    parts += [f"bs {bs} {name}: {e['exceeds_ideal']}" for bs, methods in condition["results"].items()
+              for name, e in methods.items() if e.get("exceeds_ideal")]
     caption = (f"text timed ({condition['baseline']}, batch size {report['batch_sizes'][0]}): "
                f"{_fmt(text.get('degenerate_share'), '{:.0%}')} of tokens in repetition loops, "
                f"{_fmt(text.get('whitespace_share'), '{:.0%}')} of outputs blank")
     return Table(f"specbench {report['run']} {condition['name']}{primary}: {p['source']} x{p['count']}, "
-                 f"T={condition['temperature']:g}, {report['max_new_tokens']} new tokens, median of {report['repeats']}",
-                 ["batch size", "method", "tokens/s", "speedup [95%]", "ideal speedup", "acceptance [95%]",
+                 f"T={condition['temperature']:g}, {report['max_new_tokens']} new tokens, {report['repeats']} repeats",
+                 ["batch size", "method", "tokens/s", "speedup [95%]", "decode-only speedup", "ideal speedup", "acceptance [95%]",
                   "degenerate", "MAL", "TTFT ms", "TPOT ms", "identical to greedy"], rows, [caption, *parts],
-                 short={"batch size": "bs", "tokens/s": "tok/s", "ideal speedup": "ideal", "acceptance [95%]": "acc",
+                 short={"batch size": "bs", "tokens/s": "tok/s", "decode-only speedup": "decode", "ideal speedup": "ideal",
+                        "acceptance [95%]": "acc",
                         "degenerate": "degen", "identical to greedy": "exact"})
 
 
@@ -88,6 +92,11 @@ def _parts_notes(condition: dict) -> list[str]:
         parts.append(f"compile {compiled:.1f} s")
         notes.append(f"bs {bs} ms: " + ", ".join(parts))
     return notes
+
+
+def _with_ci(e: dict, key: str) -> str:
+    lo, hi = e[ci_key(key)]
+    return f"{e[key]:.2f}" + ("" if lo is None else f" [{lo:.2f}-{hi:.2f}]")
 
 
 def _fmt(value, fmt: str, scale: float = 1.0) -> str:

@@ -31,6 +31,9 @@ PEERS_SKIP = {"primary": "peers timed in the primary condition only (--peers pri
 SAMPLE_SEED = 0
 
 
+AA_METHOD = "aa_control"  # the baseline's decoder timed a second time as if another method: its speed-up is 1
+
+
 @dataclass
 class Tally:
     """One method over all prompts in one repeat."""
@@ -70,7 +73,8 @@ def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k:
     (one row, greedy; `speculative_generate`). `hf_mtp`: (transformers model that decodes with the run's
     own module, or None; why not), from `hf_mtp_model`."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
-    runners = {condition.baseline: ours_plain(model, max_new_tokens, eos, compile, t)}
+    runners = {condition.baseline: ours_plain(model, max_new_tokens, eos, compile, t),
+               AA_METHOD: ours_plain(model, max_new_tokens, eos, compile, t)}
     if k:
         runners["mtp"] = ours_mtp(make_drafter(model, k, compile=compile, draft_vocab=vocab, width=width),
                                   max_new_tokens, eos, t)

@@ -7,14 +7,18 @@ import torch
 from mtp_cli.base import env
 from mtp_cli.base.result_docs import SPEC_SCHEMA, ci_key
 from mtp_cli.base.run_files import SPEC_JSON
-from mtp_cli.bench.measure import PROMPTS_INTERVAL
-from mtp_cli.bench.runners import PROMPT_LOOKUP_TOKENS, weight_bytes
+from mtp_cli.base.stats import CROSSED_INTERVAL
+from mtp_cli.bench.runners import AA_METHOD, PROMPT_LOOKUP_TOKENS, weight_bytes
 from mtp_cli.config.conditions import Condition
 
 JSON_NAME = SPEC_JSON
 
 
-INTERVAL = "95% percentile-bootstrap interval of the median over repeats"
+INTERVAL = "95% percentile-bootstrap interval of the median over repeats (speed-ups: speedup_interval)"
+
+
+SPEEDUP = ("speedup: end to end (tokens/s, prefill included; the headline); tpot_speedup: decode only (the baseline's "
+           "time per output token after the first over the method's); each ")
 
 
 ACCEPTANCE_INTERVAL = ("95% percentile bootstrap of accepted/drafted (ratio of sums) over prompts (batch size 1) "
@@ -41,7 +45,7 @@ def header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) ->
         "mtp_input": model.mtp_cfg.mtp_input if model.objective == "sequential" else None,
         "draft_len": k, "max_new_tokens": max_new_tokens,
         "batch_sizes": batch_sizes, "repeats": repeats, "interval": INTERVAL,
-        "acceptance_interval": ACCEPTANCE_INTERVAL, "prompts_interval": PROMPTS_INTERVAL, "params": params,
+        "acceptance_interval": ACCEPTANCE_INTERVAL, "speedup_interval": SPEEDUP + CROSSED_INTERVAL, "params": params,
         "no_mtp_reason": no_mtp,
         "peers": {"hf_prompt_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS},
                   "hf_assisted": {"draft_run": str(draft.run_dir)} if draft is not None else None},
@@ -64,13 +68,18 @@ def headline(results: dict, baseline: str = "greedy") -> dict:
         hf = results["hf_generate"]
         out["greedy_over_hf_generate"] = 1 / hf["speedup"]
         lo, hi = hf[ci_key("speedup")]
-        out[ci_key("greedy_over_hf_generate")] = [1 / hi, 1 / lo]
+        out[ci_key("greedy_over_hf_generate")] = [1 / hi, 1 / lo] if lo is not None else [None, None]
     if "mtp" in results:
         m = results["mtp"]
         out.update({"mtp_speedup": m["speedup"], ci_key("mtp_speedup"): m[ci_key("speedup")],
+                    "mtp_tpot_speedup": m["tpot_speedup"], ci_key("mtp_tpot_speedup"): m[ci_key("tpot_speedup")],
+                    "mtp_exceeds_ideal": m.get("exceeds_ideal"),
                     "mtp_ideal_speedup": m["ideal_speedup"], "mtp_speedup_over_ideal": m["speedup_over_ideal"],
                     "mtp_lossless": m["lossless"], "mtp_acceptance_rate": m["acceptance_rate"],
                     ci_key("mtp_acceptance_rate"): m[ci_key("acceptance_rate")]})
+    if AA_METHOD in results:
+        aa = results[AA_METHOD]
+        out.update({"aa_speedup": aa["speedup"], ci_key("aa_speedup"): aa[ci_key("speedup")]})
     out["baseline_degenerate_share"] = results[baseline]["degenerate_share"]
     out["step_over_floor"] = results[baseline].get("step_over_floor")
     return out

@@ -27,7 +27,7 @@ PCT = Metric("", "", pct=True)
 def inference_section(r: ResultSet) -> Section:
     conditions = r.condition_names
     primary = conditions[0] if conditions else None
-    mtp_rows, speed_rows, notes = [], [], set()
+    mtp_rows, speed_rows, aa_rows, notes = [], [], [], set()
     peer_names = [name for name in PEERS if name not in SHOWN_WHERE_MEASURED or any(
         name in methods for v in r.variants for _, methods, _ in r.spec_by_batch(v, primary))]
     for v in r.variants:
@@ -45,7 +45,14 @@ def inference_section(r: ResultSet) -> Section:
                     num(mtp.get("mean_acceptance_length"), 2),
                     " / ".join(pct(x) for x in mtp.get("per_position_acceptance") or []) or "–",
                     share(r.text_share(v, name, "degenerate_share")), share(r.text_share(v, name, "whitespace_share")),
-                    speed(mtp, "speedup"), speed(mtp, "ideal_speedup")])
+                    speed(mtp, "speedup"), speed(mtp, "tpot_speedup"), speed(mtp, "ideal_speedup")])
+                if mtp.get("exceeds_ideal"):
+                    notes.add(f"{v} {name} bs {bs}: flagged, {mtp['exceeds_ideal']}")
+                aa = methods.get(results.AA_METHOD)
+                if aa:
+                    lo, hi = aa.get("speedup_ci95") or (None, None)
+                    aa_rows.append([v, _condition_label(r, v, name, primary), str(bs), speed(aa, "speedup"),
+                                    "–" if lo is None else yes_no(lo <= 1 <= hi)])
         for bs, methods, _n in r.spec_by_batch(v, primary):
             mtp, greedy = methods.get(results.MTP_METHOD), methods.get(results.GREEDY_METHOD) or {}
             if not mtp:
@@ -68,7 +75,10 @@ def inference_section(r: ResultSet) -> Section:
                  "degenerate: share of our plain decoder's generated tokens inside a repetition loop (an n-gram, "
                  "n ≤ 16, repeated at least 3 times in a row); whitespace: share of its outputs that are whitespace "
                  "only — high acceptance on such text says little about real text",
-                 "speedup = MTP speculative tokens/s ÷ our plain greedy tokens/s on the same prompts, end to end; "
+                 "speedup = MTP speculative tokens/s ÷ our plain greedy tokens/s on the same prompts, end to end "
+                 "(the headline: prefill included); decode only = greedy's time per output token after the first ÷ "
+                 "MTP's; each the geometric mean over prompts × interleaved repeats with a 95% interval over both "
+                 "(crossed random effects; results timed before that protocol: over repeats or prompts alone); "
                  "ideal = MAL · T_step / (T_verify + T_draft) from the forward parts timed side by side (the cost "
                  "table below; T_draft from the decoding loop where drafting is a call of its own: sampling, "
                  "batches): the gap is the decoding loops' own time, greedy's and ours",
@@ -86,12 +96,18 @@ def inference_section(r: ResultSet) -> Section:
         Table("Self-speculative decoding with the run's own MTP modules",
               ["variant", "prompts × temperature", "batch", "seeds", "lossless", "acceptance, evaluation-set noise only",
                "acceptance, 95% over seeds", "MAL", "per position", "degenerate", "whitespace",
-               "speedup vs our greedy", "ideal speedup"], mtp_rows, mtp_notes,
+               "speedup vs our greedy", "decode-only speedup", "ideal speedup"], mtp_rows, mtp_notes,
               empty="no specbench result with MTP drafting stored (stage disabled, not run yet, or NTP only)."),
         Table("Decoding speed against the peers (tokens/s, median of repeats)",
               ["variant", "batch", "ours greedy", "ours MTP", *(PEERS[p] for p in peer_names), "ours greedy ÷ HF generate",
                "MTP ÷ best peer"], speed_rows, speed_notes, empty="no specbench results stored."),
     ]
+    if aa_rows:
+        tables.append(Table("A/A control: our plain decoder timed against itself",
+                            ["variant", "prompts × temperature", "batch", "speedup [95%]", "interval holds 1"], aa_rows,
+                            ["the baseline's decoder run a second time as if another method, in the same interleaved "
+                             "repeats: its true speed-up is 1, so an interval that misses 1 is narrower than the "
+                             "machine's noise (about 1 in 20 would by chance)"]))
     parts = parts_table(r, primary)
     if parts:
         tables.append(parts)
