@@ -50,6 +50,8 @@ CASES = {
                                      r"--seed must be in \[0, 2\*\*63\)"),
     "generate-nan-temperature": (lambda run, d: ["generate", run, "--prompt", "def", "--temperature", "nan"],
                                  r"finite --temperature"),
+    "generate-unknown-dtype": (lambda run, d: ["generate", run, "--prompt", "def", "--dtype", "fp8"],
+                               r"unknown dtype 'fp8' \(--dtype\)"),
 }
 
 

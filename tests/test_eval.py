@@ -189,3 +189,22 @@ def test_cli_gsm8k_offline_without_data(tiny_runs, tmp_path):
     offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
     one_line_error(cli("eval", tiny_runs["ntp"], "--tasks", "gsm8k", "--gsm8k-data", "hub", "--json", tmp_path / "g.json",
                        env=offline), "--gsm8k-data")
+
+
+def test_eval_and_generate_run_at_bf16(tiny_runs, tmp_path):
+    """--dtype bf16: the held-out loss moves by rounding only, the file records the dtype, and `mtp generate`
+    decodes the same bf16 weights as the library does."""
+    cfg = EvalConfig(tasks=["heldout"], limits={"heldout": 3})
+    fp32 = runner.run_eval(tiny_runs["ntp"], cfg, json_path=tmp_path / "f.json", show_progress=False)
+    bf16 = runner.run_eval(tiny_runs["ntp"], cfg, Runtime(dtype="bf16"), json_path=tmp_path / "b.json",
+                           show_progress=False)
+    assert fp32["dtype"] == "fp32" and bf16["dtype"] == "bf16"
+    a, b = fp32["results"]["heldout"]["loss"], bf16["results"]["heldout"]["loss"]
+    assert a != b and abs(a - b) < 0.05 * a
+    proc = cli("generate", tiny_runs["ntp"], "--prompt", "def split(", "--max-new-tokens", "12", "--dtype", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    run = load_run(tiny_runs["ntp"])
+    run.model.to(torch.bfloat16)
+    from helpers import generate_texts
+
+    assert proc.stdout == "def split(" + generate_texts(run.model.trunk, run.tokenizer, ["def split("], 12)[0] + "\n"

@@ -26,8 +26,8 @@ from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_p
 from mtp_cli.model.checkpoint import CHECKPOINT, TOKENIZER, load_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "tpot_speedup", "tpot_speedup_ci95", "latency_s",
-        "ttft_s", "tpot_s", "identical_prompts", "mismatches")
+KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "tpot_speedup", "tpot_speedup_ci95",
+        "latency_s", "ttft_s", "tpot_s", "identical_prompts", "mismatches")
 SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ideal_speedup",
              "ideal_speedup_ci95", "drafted", "accepted", "steps", "t_verify_s", "t_draft_s", "t_prefill_s", "compile_s",
              "t_verify_by_k_s", "verify_over_step_by_k")
@@ -335,7 +335,7 @@ def test_conditions_report(tiny_runs, tmp_path):
     assert all(e["lossless"] for e in g1.values()) and greedy["summary"]["1"]["mtp_lossless"] is True
 
     s1 = sampled["results"]["1"]
-    assert set(s1) == {"sample", "aa_control", "mtp", "hf_generate"} and set(sampled["results"]["2"]) == {"sample", "aa_control", "mtp", "hf_generate"}
+    assert set(s1) == set(sampled["results"]["2"]) == {"sample", "aa_control", "mtp", "hf_generate"}
     assert set(sampled["skipped"]["1"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp"}
     assert s1["mtp"]["lossless"] is None and s1["mtp"]["label"] == "ours, MTP speculative sampling"
     assert all(e["tokens"] > 0 for e in s1.values())
@@ -523,3 +523,20 @@ def test_methods_take_turns_prompt_by_prompt_in_a_rotating_order():
     firsts = [timed[i][0] for i in range(0, len(timed), 3)]
     assert firsts == ["a", "b", "c", "a", "b", "c", "a", "b"]
     assert all(len(t) == 2 and all(len(r.walls) == 4 and r.tokens == 12 for r in t) for t in tallies.values())
+
+
+def test_bf16_weights_decode_losslessly_against_greedy_at_the_same_dtype(tiny_runs, tmp_path):
+    """--dtype bf16: every method (ours and the HF peer) decodes bf16 weights; MTP's output equals plain greedy's
+    at that dtype, token for token; the file says which dtype it timed."""
+    cfg = SpecbenchConfig(limit=3, max_new_tokens=10, repeats=1, draft_len=2)
+    report = run_specbench(tiny_runs["sequential"], cfg, Runtime(dtype="bf16"), json_path=tmp_path / "s.json",
+                           show_progress=False)
+    assert report["environment"]["dtype"] == "bfloat16"
+    methods = only(report)["results"]["1"]
+    assert methods["mtp"]["lossless"] and methods["aa_control"]["lossless"]
+    fp32 = run_specbench(tiny_runs["sequential"], cfg, json_path=tmp_path / "f.json", show_progress=False)
+    assert fp32["environment"]["dtype"] == "float32"
+    assert report["weight_floor"]["weight_bytes"] * 2 == fp32["weight_floor"]["weight_bytes"]
+    with pytest.raises(UserError, match="unknown dtype"):
+        run_specbench(tiny_runs["sequential"], cfg, Runtime(dtype="int4"), json_path=tmp_path / "x.json",
+                      show_progress=False)

@@ -46,6 +46,7 @@ class EvalDoc:
     results: dict[str, dict[str, Any]]  # task -> its metrics, each interval under ci_key(metric)
     hf: dict[str, Any] | None = None  # the checkpoint's record, for `mtp eval --hf`
     harness: str = "mtp"  # who generated and scored: "mtp", or "lm-eval hf" (`mtp eval --harness lm-eval`)
+    dtype: str = "fp32"  # the weights' dtype it evaluated with (Runtime.dtype; older files: fp32)
     schema: int = EVAL_SCHEMA
 
 

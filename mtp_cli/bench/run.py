@@ -80,7 +80,7 @@ def run_specbench(run_dir, cfg: SpecbenchConfig, rt: Runtime | None = None, *, d
         compile = default_compile(device) if rt.compile is None else rt.compile
         with _fresh_compiler(compile), tempfile.TemporaryDirectory(prefix="mtp-specbench-") as scratch:
             return _specbench(run_dir, cfg, conditions, primary, device, compile, draft_run, json_path,
-                              show_progress, gsm8k_data, Path(scratch))
+                              show_progress, gsm8k_data, Path(scratch), env.weight_dtype(rt))
     finally:
         torch.set_num_threads(saved)
 
@@ -106,9 +106,10 @@ def _fresh_compiler(compile: bool):
 
 
 def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], primary: str, device: str, compile: bool,
-               draft_run, json_path, show_progress, gsm8k_data, scratch: Path) -> dict:
+               draft_run, json_path, show_progress, gsm8k_data, scratch: Path, dtype: torch.dtype) -> dict:
     batch_sizes, limit, max_new_tokens, repeats = sorted(set(cfg.batch_sizes)), cfg.limit or None, cfg.max_new_tokens, cfg.repeats
     run = load_run(run_dir, device)
+    run.model.to(dtype)  # every method decodes these weights: the peers are built from them (runners.py)
     prompt_sets: dict[str, tuple[list[list[int]], dict]] = {}
     for source in dict.fromkeys(c.source for c in conditions):  # all inputs are checked before anything is timed
         prompt_sets[source] = _prompt_ids(run, source, limit, max_new_tokens, gsm8k_data)
@@ -236,6 +237,7 @@ def _prompt_ids(run, source: str, limit, max_new_tokens: int, gsm8k_data) -> tup
 
 def _load_draft(draft_run, run, device):
     draft = load_run(draft_run, device)
+    draft.model.to(run.model.trunk.embed_tokens.weight.dtype)
     if toklib.fingerprint(draft.tokenizer) != toklib.fingerprint(run.tokenizer) \
             or draft.recipe.model.vocab_size != run.recipe.model.vocab_size:
         raise UserError(f"draft run {draft_run} uses another tokenizer than {run.run_dir}: "

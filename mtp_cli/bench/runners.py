@@ -127,7 +127,8 @@ def hf_model(run):
 
 
     hf_logging.set_verbosity_error()
-    model = to_hf_model(run).to(run.model.trunk.embed_tokens.weight.device)
+    w = run.model.trunk.embed_tokens.weight
+    model = to_hf_model(run).to(device=w.device, dtype=w.dtype)  # the run's weights at the benchmark's dtype
     model.generation_config = generation_config(run.tokenizer)
     return model
 
@@ -142,7 +143,8 @@ def hf_mtp_model(run_dir, run, folder: Path):
         export_run(run_dir, folder, with_mtp=True)
     except UserError as exc:
         return None, str(exc).removeprefix("--with-mtp: ")
-    model = AutoModelForCausalLM.from_pretrained(folder).to(run.model.trunk.embed_tokens.weight.device).eval()
+    w = run.model.trunk.embed_tokens.weight
+    model = AutoModelForCausalLM.from_pretrained(folder).to(device=w.device, dtype=w.dtype).eval()
     enable_mtp(model)
     model.generation_config = generation_config(run.tokenizer)
     return model, None

@@ -69,6 +69,7 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
     if not 0 <= seed < 2**63:
         raise UserError(f"--seed must be in [0, 2**63), got {seed}")
     run = load_run(run_dir, env.use_runtime(rt))
+    run.model.to(env.weight_dtype(rt))
     compile = rt.compile
     ids = encode(run.tokenizer, prompt)
     if not ids:

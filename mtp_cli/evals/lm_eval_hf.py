@@ -99,7 +99,8 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
         fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=run.model.trunk, tokenizer=run.tokenizer), cfg.limit("gsm8k"),
                                         gsm8k_dir, run.recipe.eval.gsm8k_fewshot or 0)
     del run
-    lm = HFLM(pretrained=str(src.path), backend="causal", dtype="float32", device=str(device), batch_size=BATCH_SIZE,
+    lm = HFLM(pretrained=str(src.path), backend="causal", dtype=str(env.weight_dtype(rt)).removeprefix("torch."),
+              device=str(device), batch_size=BATCH_SIZE,
               max_length=context)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     datasets.disable_progress_bars()
@@ -119,5 +120,5 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
         seconds[task] = round(time.perf_counter() - t0, 2)
     doc = EvalDoc(run=src.name, step=0, objective="ntp", export=None, context=context, tasks=list(cfg.tasks),
                   limits={t: cfg.limit(t) for t in cfg.tasks}, seconds=seconds, hardware=env.hardware(),
-                  git_commit=env.git_commit(), results=results, hf=src.record(), harness=HARNESS)
+                  git_commit=env.git_commit(), results=results, hf=src.record(), harness=HARNESS, dtype=rt.dtype)
     return write_eval(json_path, doc) | {"json_path": str(json_path)}

@@ -129,6 +129,8 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
         outputs.file(samples_path(json_path, task, "windows" if task == "heldout" else "samples"), "--json")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     _load_trunk(subject, cfg, device)
+    for model in {id(m): m for m in (subject.run.model, subject.trunk) if m is not None}.values():
+        model.to(env.weight_dtype(rt))
     fewshot = _check_contexts(subject, cfg, rt, gsm8k_dir)
     results: dict = {}
     seconds: dict = {}
@@ -150,7 +152,7 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
                   export=paths.portable(subject.export_dir) if subject.export_dir else None,
                   context=subject.run.recipe.model.context, tasks=list(cfg.tasks),
                   limits={task: cfg.limit(task) for task in cfg.tasks}, seconds=seconds, hardware=env.hardware(),
-                  git_commit=env.git_commit(), results=results)
+                  git_commit=env.git_commit(), results=results, dtype=rt.dtype)
     return write_eval(json_path, doc) | {"json_path": str(json_path)}
 
 
