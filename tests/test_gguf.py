@@ -273,3 +273,43 @@ def test_real_smollm2_file_matches_transformers():
     with torch.no_grad():
         ours = trunk(ids)
     torch.testing.assert_close(ours, _gguf_logits(path, ids), atol=1e-4, rtol=0)
+
+
+def test_llamacpp_is_a_specbench_peer_on_the_runs_own_gguf_file(files, tmp_path, capsys, monkeypatch):
+    """A run trained from a GGUF file: specbench times llama.cpp greedy and its prompt lookup on that file in the
+    same repeats, labelled with its weight format; prompt lookup gives llama.cpp's own greedy text. Without
+    llama-cpp-python both rows say why they are missing."""
+    from helpers import TINY_FILES, cli_in_process
+
+    from mtp_cli.bench import llamacpp
+    from mtp_cli.bench.run import run_specbench
+    from mtp_cli.config.recipe import SpecbenchConfig
+
+    path = files["tied"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.toml").write_text(f"[model]\ncontext = 64\n[data]\nsource = 'files'\npaths = {json.dumps(TINY_FILES)}\n"
+                                     f"[train]\ninit_from = '{path}'\nbatch_size = 2\nwarmup = 1\neval_batches = 1\n")
+    code, _, err = cli_in_process("train", "--recipe", tmp_path / "t.toml", "--steps", "1", "--lr", "1e-4",
+                                  "--depth", "1", "--out", tmp_path / "run", capsys=capsys)
+    assert code == 0, err
+    assert llamacpp.weight_format(path) == "Q4_1"
+    cfg = SpecbenchConfig(limit=3, max_new_tokens=8, repeats=2, prompts="heldout")
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        monkeypatch.setitem(sys.modules, "llama_cpp", None)
+        report = run_specbench(tmp_path / "run", cfg, json_path=tmp_path / "s.json", show_progress=False)
+        (cond,) = report["conditions"]
+        assert cond["skipped"]["1"]["llamacpp_greedy"] == llamacpp.NOT_INSTALLED
+        return
+    report = run_specbench(tmp_path / "run", cfg, json_path=tmp_path / "s.json", show_progress=False)
+    (cond,) = report["conditions"]
+    methods = cond["results"]["1"]
+    greedy, lookup = methods["llamacpp_greedy"], methods["llamacpp_prompt_lookup"]
+    assert greedy["label"].endswith("(Q4_1)") and greedy["tokens_per_s"] > 0
+    assert lookup["identical_to_llamacpp_greedy"] == 3
+    assert report["peers"]["llamacpp"]["gguf"] == path.name
+    assert greedy["tokens"] <= 3 * 8  # the same token budget
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    report = run_specbench(tmp_path / "run", cfg, json_path=tmp_path / "s.json", show_progress=False)
+    assert report["conditions"][0]["skipped"]["1"]["llamacpp_greedy"] == llamacpp.NOT_INSTALLED

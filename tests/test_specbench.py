@@ -26,6 +26,7 @@ from mtp_cli.data.prompts import GSM8K_ENV, cut_windows, heldout_prompts, load_p
 from mtp_cli.model.checkpoint import CHECKPOINT, TOKENIZER, load_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+LLAMACPP = ("llamacpp_greedy", "llamacpp_prompt_lookup")
 KEYS = ("lossless", "tokens_per_s", "tokens_per_s_ci95", "speedup", "speedup_ci95", "tpot_speedup", "tpot_speedup_ci95",
         "latency_s", "ttft_s", "tpot_s", "identical_prompts", "mismatches")
 SPEC_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "ideal_speedup",
@@ -54,7 +55,8 @@ def test_sequential_report(tiny_runs, tmp_path):
     assert set(cond["results"]) == {"1", "2"}
     assert set(cond["results"]["1"]) == {"greedy", "aa_control", "mtp", "hf_generate", "hf_prompt_lookup", "hf_assisted"}
     assert set(cond["results"]["2"]) == {"greedy", "aa_control", "mtp", "hf_generate"}
-    assert set(cond["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp"}
+    assert set(cond["skipped"]["2"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp", *LLAMACPP}
+    assert "does not start from a GGUF file" in cond["skipped"]["1"]["llamacpp_greedy"]
     assert "this run has 2" in cond["skipped"]["1"]["hf_mtp"]  # transformers' MTP layer cannot chain ours
     for methods in cond["results"].values():
         for e in methods.values():
@@ -336,7 +338,7 @@ def test_conditions_report(tiny_runs, tmp_path):
 
     s1 = sampled["results"]["1"]
     assert set(s1) == set(sampled["results"]["2"]) == {"sample", "aa_control", "mtp", "hf_generate"}
-    assert set(sampled["skipped"]["1"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp"}
+    assert set(sampled["skipped"]["1"]) == {"hf_prompt_lookup", "hf_assisted", "hf_mtp", *LLAMACPP}
     assert s1["mtp"]["lossless"] is None and s1["mtp"]["label"] == "ours, MTP speculative sampling"
     assert all(e["tokens"] > 0 for e in s1.values())
 
@@ -402,7 +404,7 @@ def test_results_read_one_schema_and_the_migration_rewrites_the_old_one(tiny_run
                          json_path=tmp_path / "bare.json", show_progress=False)
     row = bare["conditions"][0]
     assert set(row["results"]["1"]) == {"greedy", "aa_control", "mtp"} and row["results"]["1"]["mtp"]["lossless"]
-    assert set(row["skipped"]["1"]) == {"hf_generate", "hf_prompt_lookup", "hf_mtp"}
+    assert set(row["skipped"]["1"]) == {"hf_generate", "hf_prompt_lookup", "hf_mtp", *LLAMACPP}
     assert all("--peers none" in why for why in row["skipped"]["1"].values())
     # schema 2 spelled intervals `_ci`: the migration renames them and changes nothing else
     v2 = tmp_path / "v2.json"

@@ -24,7 +24,9 @@ from mtp_cli.decode.timing import PhaseTimer
 LABELS = {"greedy": "ours, plain greedy", "mtp": "ours, MTP self-speculative", "hf_generate": "HF generate (greedy)",
           "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted (draft model)",
           "hf_mtp": "HF MTP (generate use_mtp, the run's module)",
-          "sample": "ours, plain sampling", AA_METHOD: "A/A control: the baseline timed again as a method"}
+          "sample": "ours, plain sampling", AA_METHOD: "A/A control: the baseline timed again as a method",
+          "llamacpp_greedy": "llama.cpp greedy, the GGUF's own weights",
+          "llamacpp_prompt_lookup": "llama.cpp prompt lookup, the GGUF's own weights"}
 
 
 SAMPLED_LABELS = {"mtp": "ours, MTP speculative sampling", "hf_generate": "HF generate (sampling)"}
@@ -88,6 +90,9 @@ def summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], cond
             e.update(_lossless(model, ids, reference, differing.outputs))
         stats = text_stats(runs[0].outputs, tokenizer)
         e.update(degenerate_share=stats["degenerate_share"], whitespace_share=stats["whitespace_share"])
+        if name == "llamacpp_prompt_lookup" and "llamacpp_greedy" in tallies:  # its own greedy is its reference
+            own = tallies["llamacpp_greedy"][0].outputs
+            e["identical_to_llamacpp_greedy"] = sum(a == b for a, b in zip(own, runs[0].outputs))
         if name in (condition.baseline, "mtp"):
             e["t_prefill_s"] = median_ci([t.timer.mean("prefill") for t in runs])[0]
         if name == condition.baseline:

@@ -1,14 +1,18 @@
 """`mtp specbench`: measured end-to-end latency of MTP self-speculative decoding against our own plain
 greedy decoder and Hugging Face peers on the exported trunk — every figure timed, every output checked.
 
-Per batch size the methods run interleaved (the order rotates each repeat, so a slow spell on a
-shared machine hits all of them) after one warm-up pass: R timed repeats over the same prompts,
-reported as medians with 95% percentile-bootstrap intervals over repeats. Methods:
+Per batch size the methods take turns prompt by prompt (the order rotated by prompt and repeat, so a slow
+spell on a shared machine hits all of them on the same prompt) after one warm-up call each, in R timed
+repeats; speed-ups are geometric means over prompts × repeats with an interval over both (speedup.py),
+other timings medians over repeats with percentile-bootstrap intervals. Methods:
 - greedy: `generate`, our KV-cache decoder (the reference output and the baseline for speedups);
 - mtp: `speculative_generate` with the run's own modules (absent for an NTP run: nothing to draft with);
 - hf_generate: `LlamaForCausalLM.generate`, greedy, on the same weights;
 - hf_prompt_lookup: its prompt-lookup decoding (batch size 1 only, a transformers restriction);
 - hf_assisted: its draft-model speculative decoding with `--draft RUN`'s trunk (batch size 1 only);
+- llamacpp_greedy, llamacpp_prompt_lookup: llama.cpp on the run's GGUF source, its own quantized weights
+  (batch size 1, temperature 0; llamacpp.py), where the run starts from one and llama-cpp-python is installed;
+- aa_control: the baseline's decoder again, as if another method (its true speed-up is 1: the intervals' check);
 - hf_mtp: its own MTP self-speculative decoding (`generate(use_mtp=True)`) with the run's module, exported
   with `--with-mtp` into a scratch folder (batch size 1 only): our MTP ÷ this is the engine's cost, the
   drafter held fixed.
@@ -45,6 +49,7 @@ from mtp_cli.base.run_files import EXPORT_INFO
 from mtp_cli.bench.costs import add_forward_costs
 from mtp_cli.bench.draft_select import choose_draft_len, choose_draft_width, tuning_prompts
 from mtp_cli.bench.forward_cost import weight_floor
+from mtp_cli.bench.llamacpp import LLAMACPP_METHODS, llamacpp_runners
 from mtp_cli.bench.measure import measure, summarise
 from mtp_cli.bench.raw import raw_rows, write_raw
 from mtp_cli.bench.runners import applicable, hf_model, hf_mtp_model, methods_for, weight_bytes
@@ -157,17 +162,19 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
     hf = hf_model(run) if cfg.peers != "none" else None
     hf_draft = hf_model(draft) if draft is not None and hf is not None else None
     hf_mtp = hf_mtp_model(run_dir, run, scratch / "export-mtp") if hf is not None and k else (None, "no peers")
+    llama = llamacpp_runners(run, max_new_tokens, device) if cfg.peers != "none" else ({}, {}, {})
     def peers_left_out(c: Condition) -> str | None:
         return None if cfg.peers == "all" or (cfg.peers == "primary" and c.name == primary) else cfg.peers
 
     plans = [(c, *methods_for(c, run, hf, hf_draft, max_new_tokens, k, compile, peers_left_out(c), vocab, width,
-                              hf_mtp)) for c in conditions]
+                              hf_mtp, llama[:2])) for c in conditions]
 
     report = header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary)
     report["draft_vocab"] = vocab_info
     report["draft_len_selection"], report["weight_floor"] = selection, floor
     report["draft_width"], report["draft_width_selection"] = (width if k else None), width_selection
     report["environment"]["compile"] = compile
+    report["peers"]["llamacpp"] = llama[2] or None
     if hf_mtp[0] is not None:
         info = json.loads((scratch / "export-mtp" / EXPORT_INFO).read_text())
         report["peers"]["hf_mtp"] = {"num_mtp_layers": info["mtp_layers"], "differences": info["mtp_differences"]}
@@ -186,6 +193,8 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
                                    lambda m, c=condition.name, b=bs: bar.update(task, advance=1, info=f"{c} bs {b} {m}"))
                 raw += raw_rows(condition.name, bs, tallies)
                 entry["results"][str(bs)] = summarise(tallies, model, ids, condition, run.tokenizer, bs)
+                for name in set(LLAMACPP_METHODS) & set(entry["results"][str(bs)]):
+                    entry["results"][str(bs)][name]["label"] += f" ({llama[2]['weights']})"
                 base = entry["results"][str(bs)][condition.baseline]
                 base["step_over_floor"] = base["t_step_s"] / floor["floor_s"]
                 if "mtp" in entry["results"][str(bs)]:  # the tree runs where the fused loop does

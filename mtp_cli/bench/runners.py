@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from mtp_cli.base.errors import UserError
+from mtp_cli.bench.llamacpp import LLAMACPP_METHODS
 from mtp_cli.config.conditions import Condition
 from mtp_cli.decode.generate import generate
 from mtp_cli.decode.speculative import Drafter, SpecStats, make_drafter, speculative_generate
@@ -58,7 +59,8 @@ def weight_bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-BATCH_ONE_PEERS = ("hf_prompt_lookup", "hf_assisted", "hf_mtp")  # transformers' assisted decoding: one row
+BATCH_ONE_PEERS = ("hf_prompt_lookup", "hf_assisted", "hf_mtp",  # transformers' assisted decoding: one row
+                   *LLAMACPP_METHODS)  # llama-cpp-python's generate: one sequence
 
 
 def applicable(runners: dict, bs: int) -> dict:
@@ -67,11 +69,12 @@ def applicable(runners: dict, bs: int) -> dict:
 
 def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k: int | None,
              compile: bool, peers_left_out: str | None = None, vocab: torch.Tensor | None = None,
-             width: int = 1, hf_mtp=(None, "no MTP module")) -> tuple[dict, dict]:
+             width: int = 1, hf_mtp=(None, "no MTP module"), llamacpp=({}, {})) -> tuple[dict, dict]:
     """The methods measured in one condition, and {method: why not} for the peers left out (all of them where
     `peers_left_out` names the reason, a key of PEERS_SKIP). `width`: MTP's tree width where it applies
     (one row, greedy; `speculative_generate`). `hf_mtp`: (transformers model that decodes with the run's
-    own module, or None; why not), from `hf_mtp_model`."""
+    own module, or None; why not), from `hf_mtp_model`. `llamacpp`: ({method: runner}, {method: why not}) from
+    `llamacpp.llamacpp_runners`, timed at temperature 0 where the peers are."""
     model, tokenizer, eos, t = run.model, run.tokenizer, run.tokenizer.eos_token_id, condition.temperature
     runners = {condition.baseline: ours_plain(model, max_new_tokens, eos, compile, t),
                AA_METHOD: ours_plain(model, max_new_tokens, eos, compile, t)}
@@ -85,13 +88,15 @@ def methods_for(condition: Condition, run, hf, hf_draft, max_new_tokens: int, k:
     skipped = {} if mtp_model is not None or not k else {"hf_mtp": no_mtp}
     if mtp_model is not None:
         peers["hf_mtp"] = (mtp_model, {"use_mtp": True})
+    llama, no_llama = llamacpp
     if peers_left_out:
-        return runners, {name: PEERS_SKIP[peers_left_out] for name in ["hf_generate", *peers, *skipped]}
+        return runners, {name: PEERS_SKIP[peers_left_out]
+                         for name in ["hf_generate", *peers, *skipped, *LLAMACPP_METHODS]}
     runners["hf_generate"] = _hf_runner(hf, tokenizer, max_new_tokens, {}, t)
     if t > 0:
-        return runners, {name: SAMPLED_SKIP for name in peers} | skipped
+        return runners, {name: SAMPLED_SKIP for name in [*peers, *LLAMACPP_METHODS]} | skipped
     return runners | {name: _hf_runner(model, tokenizer, max_new_tokens, extra, t)
-                      for name, (model, extra) in peers.items()}, skipped
+                      for name, (model, extra) in peers.items()} | llama, skipped | no_llama
 
 
 def _generator(device, temperature: float, first_prompt: int) -> torch.Generator | None:

@@ -15,8 +15,9 @@ DEGENERATE_THRESHOLD = 0.5  # above this share of degenerate outputs, acceptance
 
 
 PEERS = {"hf_generate": "HF generate", "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted",
-         "hf_mtp": "HF MTP (our module)"}
-SHOWN_WHERE_MEASURED = {"hf_mtp"}  # results written before this peer existed render as they did
+         "hf_mtp": "HF MTP (our module)", "llamacpp_greedy": "llama.cpp greedy (GGUF weights)",
+         "llamacpp_prompt_lookup": "llama.cpp prompt lookup (GGUF weights)"}
+SHOWN_WHERE_MEASURED = {"hf_mtp", "llamacpp_greedy", "llamacpp_prompt_lookup"}  # older results render as they did
 
 
 
@@ -90,7 +91,10 @@ def inference_section(r: ResultSet) -> Section:
                    *(["HF MTP: transformers' generate(use_mtp=True) with the run's own module (`mtp export "
                       "--with-mtp`), batch size 1 only: ours MTP ÷ HF MTP is the engine's cost, the drafter held fixed"]
                      if "hf_mtp" in peer_names else []),
-                   "MTP ÷ best peer: MTP speculative tokens/s over the fastest Hugging Face method at that batch size",
+                   *(["llama.cpp: llama-cpp-python on the run's GGUF source with the file's own quantized weights "
+                      "(not the same computation as ours: its greedy text can differ where rounding flips an argmax), "
+                      "batch size 1, in the same interleaved repeats"] if "llamacpp_greedy" in peer_names else []),
+                   "MTP ÷ best peer: MTP speculative tokens/s over the fastest peer at that batch size",
                    *_compile_notes(r)]
     tables = [
         Table("Self-speculative decoding with the run's own MTP modules",
