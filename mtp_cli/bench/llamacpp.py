@@ -42,12 +42,12 @@ def llamacpp_runners(run, max_new_tokens: int, device: str) -> tuple[dict, dict,
         why = "timed on CPU runs only (llama-cpp-python's wheel from source here builds for the CPU)"
     else:
         try:
-            import llama_cpp
+            import llama_cpp  # optional (make llamacpp): absent on most installs
         except ImportError:
             why = NOT_INSTALLED
     if why:
         return {}, dict.fromkeys(LLAMACPP_METHODS, why), {}
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding  # optional, as above
 
     path = gguf.gguf_file(init_from, "train.init_from")
     threads, context, eos = torch.get_num_threads(), run.recipe.model.context, run.tokenizer.eos_token_id
