@@ -86,6 +86,10 @@ def test_sequential_report(tiny_runs, tmp_path):
         # the ideal from the forward parts timed side by side: the step and verifying k = 3 drafts, plus drafting
         ideal = m["mean_acceptance_length"] * m["t_forward_step_s"] / (m["t_verify_by_k_s"]["3"] + m["t_draft_s"])
         assert m["ideal_speedup"] == pytest.approx(ideal) and m["speedup_over_ideal"] == pytest.approx(m["speedup"] / ideal)
+        # the loops' cost beyond their forwards: decode time per token (per speculative step) over the parts alone
+        assert g["loop_over_forward"] == pytest.approx(g["tpot_s"] / m["t_forward_step_s"])
+        assert m["loop_over_parts"] == pytest.approx((m["t_verify_draft_s"] + m["t_other_s"])
+                                                     / (m["t_verify_by_k_s"]["3"] + m["t_draft_s"]))
     assert report["environment"]["compile"] is False
     assert re.fullmatch(r"[0-9a-f]{40}", report["git_commit"])  # the report credits the code that measured it
     from rich.console import Console

@@ -42,9 +42,19 @@ def add_forward_costs(results: dict, model, prompts: list[list[int]], k: int | N
         results["mtp"]["t_draft_s"] = costs["fused"] - costs[verified + 1]
     results["mtp"]["t_verify_by_k_s"] = {str(j): costs[j + 1] for j in ks}
     results["mtp"]["verify_over_step_by_k"] = {str(j): costs[j + 1] / costs[1] for j in ks}
-    _add_ideal(results["mtp"], costs[1],
-               costs["fused"] if fused is not None else costs[verified + 1] + results["mtp"]["t_draft_s"],
-               results[baseline].get("t_step_s"))
+    parts_s = costs["fused"] if fused is not None else costs[verified + 1] + results["mtp"]["t_draft_s"]
+    _add_ideal(results["mtp"], costs[1], parts_s, results[baseline].get("t_step_s"))
+    _add_loop_overheads(results[baseline], results["mtp"], costs[1], parts_s)
+
+
+def _add_loop_overheads(greedy: dict, mtp: dict, step_s: float, parts_s: float) -> None:
+    """What each decoding loop costs beyond its forwards: greedy's decode time per token over one plain step
+    timed alone (`loop_over_forward`), and MTP's decode time per speculative step (its forwards in the loop
+    plus everything else) over its verify + draft parts timed alone (`loop_over_parts`); 1.0 is a loop
+    that adds nothing (Python per token, sampling, syncs, cache bookkeeping)."""
+    greedy["loop_over_forward"] = greedy["tpot_s"] / step_s if greedy.get("tpot_s") else None
+    loop_step = (mtp.get("t_verify_draft_s") or 0.0) + (mtp.get("t_other_s") or 0.0)
+    mtp["loop_over_parts"] = loop_step / parts_s if loop_step and parts_s > 0 else None
 
 
 def _add_ideal(mtp: dict, step_s: float, verify_draft_s: float, step_loop_s: float | None) -> None:

@@ -82,12 +82,16 @@ def _parts_notes(condition: dict) -> list[str]:
         g, m = methods.get(condition["baseline"], {}), methods.get("mtp")
         parts = [f"step {_fmt(g.get('t_step_s'), '{:.2f}', 1e3)} ({_fmt(g.get('step_over_floor'), '{:.2f}')}x the floor)",
                  f"prefill {_fmt(g.get('t_prefill_s'), '{:.1f}', 1e3)}"]
+        if g.get("loop_over_forward"):
+            parts.append(f"greedy loop {g['loop_over_forward']:.2f}x its forward")
         if m:
             verify = "/".join(_fmt(v, "{:.2f}", 1e3) for v in m.get("t_verify_by_k_s", {}).values())
             parts += [f"verify k=1..{len(m.get('t_verify_by_k_s', {}))} {verify}",
                       f"draft {_fmt(m.get('t_draft_s'), '{:.2f}', 1e3)}"]
             if m.get("fused"):
                 parts.append(f"verify+draft in one call {_fmt(m.get('t_forward_verify_draft_s'), '{:.2f}', 1e3)}")
+            if m.get("loop_over_parts"):
+                parts.append(f"MTP loop {m['loop_over_parts']:.2f}x its parts")
         compiled = sum(e.get("compile_s") or 0.0 for e in methods.values())
         parts.append(f"compile {compiled:.1f} s")
         notes.append(f"bs {bs} ms: " + ", ".join(parts))

@@ -82,4 +82,6 @@ def headline(results: dict, baseline: str = "greedy") -> dict:
         out.update({"aa_speedup": aa["speedup"], ci_key("aa_speedup"): aa[ci_key("speedup")]})
     out["baseline_degenerate_share"] = results[baseline]["degenerate_share"]
     out["step_over_floor"] = results[baseline].get("step_over_floor")
+    out["loop_over_forward"] = results[baseline].get("loop_over_forward")
+    out["mtp_loop_over_parts"] = results["mtp"].get("loop_over_parts") if "mtp" in results else None
     return out
