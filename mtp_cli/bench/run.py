@@ -60,11 +60,11 @@ from mtp_cli.data import tokenizer as toklib
 from mtp_cli.data.prompts import HELDOUT_PROMPT_TOKENS, heldout_prompts, load_prompts
 from mtp_cli.decode.degeneracy import text_stats
 from mtp_cli.decode.draft_vocab import draft_vocabulary
-from mtp_cli.decode.engine import default_compile
+from mtp_cli.decode.engine import CPU_COMPILE_PAYS_AT, default_compile
 from mtp_cli.decode.speculative import draft_len_for
 from mtp_cli.model.checkpoint import load_run
 
-__all__ = ["JSON_NAME", "run_specbench"]
+__all__ = ["JSON_NAME", "planned_tokens", "run_specbench"]
 
 
 def run_specbench(run_dir, cfg: SpecbenchConfig, rt: Runtime | None = None, *, draft_run=None, gsm8k_data=None,
@@ -82,12 +82,33 @@ def run_specbench(run_dir, cfg: SpecbenchConfig, rt: Runtime | None = None, *, d
     saved = torch.get_num_threads()
     try:
         device = env.use_runtime(rt).type
-        compile = default_compile(device) if rt.compile is None else rt.compile
+        compile, why = _compile_choice(rt.compile, device, planned_tokens(cfg, len(conditions)))
         with _fresh_compiler(compile), tempfile.TemporaryDirectory(prefix="mtp-specbench-") as scratch:
             return _specbench(run_dir, cfg, conditions, primary, device, compile, draft_run, json_path,
-                              show_progress, gsm8k_data, Path(scratch), env.weight_dtype(rt))
+                              show_progress, gsm8k_data, Path(scratch), env.weight_dtype(rt), why)
     finally:
         torch.set_num_threads(saved)
+
+
+SMALLEST_PROMPT_SET = 164  # HumanEval's problems: the fewest prompts a source gives with --limit 0
+
+
+def planned_tokens(cfg: SpecbenchConfig, n_conditions: int) -> int:
+    """Tokens our decoders (greedy and MTP) will decode: every condition, prompt (`limit`, or at least a
+    HumanEval's worth) and batch size, the warm-up and each repeat."""
+    prompts = cfg.limit or SMALLEST_PROMPT_SET
+    return 2 * n_conditions * prompts * len(set(cfg.batch_sizes)) * cfg.max_new_tokens * (cfg.repeats + 1)
+
+
+def _compile_choice(asked: bool | None, device: str, tokens: int) -> tuple[bool, str]:
+    """Whether our decoders are compiled, and why (recorded in the report's environment)."""
+    if asked is not None:
+        return asked, "--compile" if asked else "--no-compile"
+    compile = default_compile(device, tokens)
+    if device == "cuda":
+        return compile, "default on CUDA"
+    verdict = "at least" if compile else "under"
+    return compile, f"default on CPU: {tokens:,} planned tokens, {verdict} the {CPU_COMPILE_PAYS_AT:,} where compiling pays"
 
 
 @contextlib.contextmanager
@@ -111,7 +132,8 @@ def _fresh_compiler(compile: bool):
 
 
 def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], primary: str, device: str, compile: bool,
-               draft_run, json_path, show_progress, gsm8k_data, scratch: Path, dtype: torch.dtype) -> dict:
+               draft_run, json_path, show_progress, gsm8k_data, scratch: Path, dtype: torch.dtype,
+               compile_why: str) -> dict:
     batch_sizes, limit, max_new_tokens, repeats = sorted(set(cfg.batch_sizes)), cfg.limit or None, cfg.max_new_tokens, cfg.repeats
     run = load_run(run_dir, device)
     run.model.to(dtype)  # every method decodes these weights: the peers are built from them (runners.py)
@@ -174,6 +196,7 @@ def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], prima
     report["draft_len_selection"], report["weight_floor"] = selection, floor
     report["draft_width"], report["draft_width_selection"] = (width if k else None), width_selection
     report["environment"]["compile"] = compile
+    report["environment"]["compile_why"] = compile_why
     report["peers"]["llamacpp"] = llama[2] or None
     if hf_mtp[0] is not None:
         info = json.loads((scratch / "export-mtp" / EXPORT_INFO).read_text())
