@@ -21,8 +21,8 @@ DECODE_COMPILE_HELP = ("torch.compile the decoder (default: on CUDA only; on CPU
 SPECBENCH_COMPILE_HELP = ("torch.compile our decoders (default: on CUDA; on CPU when the benchmark plans enough decoded "
                           "tokens that the minute of compiling pays; the JSON's environment says which and why).")
 DEVICE_HELP = "auto (CUDA when present) | cpu | cuda."
-DTYPE_HELP = ("fp32 | bf16: the weights' dtype (bf16 decodes ~1.6x faster on CPUs with AVX512-BF16 and changes "
-              "some greedy tokens: docs/decoding.md).")
+DTYPE_HELP = ("fp32 | bf16 | int8: the weights' dtype (bf16 and int8 weight-only decode faster on CPUs with "
+              "AVX512-BF16 / VNNI, compiled, and change some greedy tokens: docs/decoding.md).")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Train NTP vs multi-token-prediction models, evaluate the trunk, benchmark MTP drafting.")

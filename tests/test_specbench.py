@@ -549,6 +549,22 @@ def test_bf16_weights_decode_losslessly_against_greedy_at_the_same_dtype(tiny_ru
                       show_progress=False)
 
 
+def test_int8_weights_decode_losslessly_and_count_a_byte_per_quantized_weight(tiny_runs, tmp_path):
+    """--dtype int8: MTP's output equals plain greedy's at int8 token for token, the HF peer decodes the same
+    (dequantized) weights, and the weight floor reads a byte per quantized weight plus its scales (fewer bytes
+    than bf16's, more than half of them: the embedding and norms stay bf16)."""
+    cfg = SpecbenchConfig(limit=3, max_new_tokens=10, repeats=1, draft_len=2)
+    report = run_specbench(tiny_runs["sequential"], cfg, Runtime(dtype="int8"), json_path=tmp_path / "i.json",
+                           show_progress=False)
+    assert report["environment"]["dtype"] == "int8"
+    methods = only(report)["results"]["1"]
+    assert methods["mtp"]["lossless"] and methods["aa_control"]["lossless"]
+    bf16 = run_specbench(tiny_runs["sequential"], cfg, Runtime(dtype="bf16"), json_path=tmp_path / "b.json",
+                         show_progress=False)
+    int8_bytes, bf16_bytes = report["weight_floor"]["weight_bytes"], bf16["weight_floor"]["weight_bytes"]
+    assert bf16_bytes / 2 < int8_bytes < bf16_bytes
+
+
 def test_cpu_compiles_by_default_only_where_it_pays():
     """CUDA always compiles; CPU compiles when the tokens a benchmark plans pass the break-even's threshold,
     and an explicit --compile/--no-compile wins either way."""

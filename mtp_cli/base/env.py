@@ -33,14 +33,6 @@ def use_runtime(rt) -> torch.device:
     return pick_device(rt.device)
 
 
-WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def weight_dtype(rt) -> torch.dtype:
-    """The torch dtype of a `config.Runtime`'s weights."""
-    return WEIGHT_DTYPES[rt.dtype]
-
-
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bf16 autocast on CUDA; fp32 on CPU (bf16 matmul is ~100x slower on this kind of CPU)."""
     return torch.bfloat16 if device.type == "cuda" else None

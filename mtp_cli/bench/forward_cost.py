@@ -10,6 +10,7 @@ import torch
 
 from mtp_cli.decode.generate import cache_capacity, prefill
 from mtp_cli.decode.speculative import fused_input, fused_lead, fused_verify_and_draft
+from mtp_cli.model.weight_format import int8_weight
 
 
 def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fused=None) -> dict:
@@ -59,9 +60,12 @@ def forward_costs(engine, prompts, widths, rounds: int = 6, block: int = 4, fuse
 
 def streamed_bytes(trunk) -> int:
     """The bytes of weights one decoding step reads: every parameter, except an untied input embedding
-    (a step reads only its rows for the new tokens); a tied one is read whole by the unembedding."""
+    (a step reads only its rows for the new tokens); a tied one is read whole by the unembedding. An int8
+    layer (model/weight_format.py) reads its int8 matrix and its scales."""
     skip = {id(trunk.embed_tokens.weight)} if trunk.lm_head is not None else set()
-    return sum(p.numel() * p.element_size() for p in trunk.parameters() if id(p) not in skip)
+    int8 = {id(m.weight): int8_weight(m) for m in trunk.modules() if int8_weight(m) is not None}
+    return sum(sum(t.numel() * t.element_size() for t in int8[id(p)]) if id(p) in int8 else p.numel() * p.element_size()
+               for p in trunk.parameters() if id(p) not in skip)
 
 
 def read_bandwidth(device, nbytes: int, rounds: int = 7) -> float:

@@ -63,6 +63,7 @@ from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.engine import CPU_COMPILE_PAYS_AT, default_compile
 from mtp_cli.decode.speculative import draft_len_for
 from mtp_cli.model.checkpoint import load_run
+from mtp_cli.model.weight_format import use_weights
 
 __all__ = ["JSON_NAME", "planned_tokens", "run_specbench"]
 
@@ -85,7 +86,7 @@ def run_specbench(run_dir, cfg: SpecbenchConfig, rt: Runtime | None = None, *, d
         compile, why = _compile_choice(rt.compile, device, planned_tokens(cfg, len(conditions)))
         with _fresh_compiler(compile), tempfile.TemporaryDirectory(prefix="mtp-specbench-") as scratch:
             return _specbench(run_dir, cfg, conditions, primary, device, compile, draft_run, json_path,
-                              show_progress, gsm8k_data, Path(scratch), env.weight_dtype(rt), why)
+                              show_progress, gsm8k_data, Path(scratch), rt.dtype, why)
     finally:
         torch.set_num_threads(saved)
 
@@ -132,11 +133,11 @@ def _fresh_compiler(compile: bool):
 
 
 def _specbench(run_dir, cfg: SpecbenchConfig, conditions: list[Condition], primary: str, device: str, compile: bool,
-               draft_run, json_path, show_progress, gsm8k_data, scratch: Path, dtype: torch.dtype,
+               draft_run, json_path, show_progress, gsm8k_data, scratch: Path, dtype: str,
                compile_why: str) -> dict:
     batch_sizes, limit, max_new_tokens, repeats = sorted(set(cfg.batch_sizes)), cfg.limit or None, cfg.max_new_tokens, cfg.repeats
     run = load_run(run_dir, device)
-    run.model.to(dtype)  # every method decodes these weights: the peers are built from them (runners.py)
+    use_weights(run.model, dtype)  # every method decodes these weights: the peers are built from them (runners.py)
     prompt_sets: dict[str, tuple[list[list[int]], dict]] = {}
     for source in dict.fromkeys(c.source for c in conditions):  # all inputs are checked before anything is timed
         prompt_sets[source] = _prompt_ids(run, source, limit, max_new_tokens, gsm8k_data)

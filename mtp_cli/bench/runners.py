@@ -18,6 +18,7 @@ from mtp_cli.decode.speculative import Drafter, SpecStats, make_drafter, specula
 from mtp_cli.decode.timing import PhaseTimer
 from mtp_cli.model.hf import export_run, generation_config, to_hf_model
 from mtp_cli.model.hf_mtp import enable_mtp
+from mtp_cli.model.weight_format import use_weights, weight_format
 
 PROMPT_LOOKUP_TOKENS = 10  # the value transformers' documentation uses
 
@@ -149,7 +150,9 @@ def hf_mtp_model(run_dir, run, folder: Path):
     except UserError as exc:
         return None, str(exc).removeprefix("--with-mtp: ")
     w = run.model.trunk.embed_tokens.weight
-    model = AutoModelForCausalLM.from_pretrained(folder).to(device=w.device, dtype=w.dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder).to(device=w.device).eval()
+    use_weights(model, weight_format(run.model))  # int8: the same layers quantized alike, from the same fp32 weights
+    model.config.dtype = model.dtype  # generate(use_mtp=True) loads its MTP layer at this dtype on every call
     enable_mtp(model)
     model.generation_config = generation_config(run.tokenizer)
     return model, None

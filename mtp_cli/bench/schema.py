@@ -10,6 +10,7 @@ from mtp_cli.base.run_files import SPEC_JSON
 from mtp_cli.base.stats import CROSSED_INTERVAL
 from mtp_cli.bench.runners import AA_METHOD, PROMPT_LOOKUP_TOKENS, weight_bytes
 from mtp_cli.config.conditions import Condition
+from mtp_cli.model.weight_format import quantized
 
 JSON_NAME = SPEC_JSON
 
@@ -51,7 +52,8 @@ def header(run, max_new_tokens, batch_sizes, repeats, k, draft, primary: str) ->
                   "hf_assisted": {"draft_run": str(draft.run_dir)} if draft is not None else None},
         "environment": {"device": str(model.trunk.embed_tokens.weight.device), "threads": torch.get_num_threads(),
                         "torch": torch.__version__, "transformers": transformers.__version__,
-                        "dtype": str(model.trunk.embed_tokens.weight.dtype).removeprefix("torch.")},
+                        "dtype": "int8" if quantized(model) else  # else torch's name: float32, bfloat16
+                                 str(model.trunk.embed_tokens.weight.dtype).removeprefix("torch.")},
         "git_commit": env.git_commit(), "primary": primary, "conditions": [],
     }
 

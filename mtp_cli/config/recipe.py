@@ -30,7 +30,7 @@ EVAL_TASKS = ("humaneval", "gsm8k", "heldout")
 SPEC_PROMPTS = ("humaneval", "gsm8k")
 TRACKERS = ("none", "tensorboard", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("fp32", "bf16")  # the weights a model decodes and evaluates with (Runtime.dtype)
+DTYPES = ("fp32", "bf16", "int8")  # the weights a model decodes and evaluates with (Runtime.dtype)
 PEER_SCOPES = ("all", "primary", "none")  # specbench.peers
 PARALLEL = ("ddp", "fsdp")  # train.parallel: how torchrun's processes share the model (mtp_cli/model/parallel.py)
 LAUNCHERS = ("local", "slurm")
@@ -371,7 +371,7 @@ class SpecbenchConfig:
     # (None: the run's mtp.draft_vocab, else V/4; 0: all)
     peers: str = "all"  # all | primary | none: where the Hugging Face peers are timed (they cost the most)
     compile: bool | None = None  # torch.compile our decoders in `mtp ablate`'s specbench (None: the device's default)
-    dtype: str = "fp32"  # fp32 | bf16: the weights every method decodes with (Runtime.dtype)
+    dtype: str = "fp32"  # fp32 | bf16 | int8: the weights every method decodes with (Runtime.dtype)
 
     def validate(self) -> None:
         if self.peers not in PEER_SCOPES:
@@ -430,7 +430,7 @@ class Runtime:
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
     threads: int | None = None  # torch's intra-op CPU threads (None: as they are, one per core by default)
     compile: bool | None = None  # the decoders' torch.compile switch (None: the device's default)
-    dtype: str = "fp32"  # fp32 | bf16: the weights' dtype (bf16: ~1.6x faster decoding on CPUs with AVX512-BF16)
+    dtype: str = "fp32"  # fp32 | bf16 | int8 (weight-only, bf16 activations): model/weight_format.py
 
     def validate(self) -> None:
         if self.device not in DEVICES:

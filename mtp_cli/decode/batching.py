@@ -21,6 +21,7 @@ from mtp_cli.decode.draft_vocab import draft_vocabulary
 from mtp_cli.decode.generate import generate, stop_on_strings
 from mtp_cli.decode.speculative import SpecStats, make_drafter, speculative_generate
 from mtp_cli.model.checkpoint import load_run
+from mtp_cli.model.weight_format import use_weights
 
 BATCH_SIZE = 64
 
@@ -69,7 +70,7 @@ def complete(run_dir, prompt: str, max_new_tokens: int = 128, temperature: float
     if not 0 <= seed < 2**63:
         raise UserError(f"--seed must be in [0, 2**63), got {seed}")
     run = load_run(run_dir, env.use_runtime(rt))
-    run.model.to(env.weight_dtype(rt))
+    use_weights(run.model, rt.dtype)
     compile = rt.compile
     ids = encode(run.tokenizer, prompt)
     if not ids:

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp_cli.decode.static_cache import StaticKVCache, check_capacity
+from mtp_cli.model.weight_format import int8_weight
 
 
 def rms(x: Tensor, eps: Tensor) -> Tensor:
@@ -79,7 +80,9 @@ def _buffers(module: torch.nn.Module, **tensors: Tensor | None) -> None:
 
 
 class BlockWeights(torch.nn.Module):
-    """One `Block`'s weights in decode layout (its two norms' weights folded into the products after them)."""
+    """One `Block`'s weights in decode layout: its two norms' weights folded into the products after them;
+    int8 (`model.weight_format`), each product's int8 matrix (out, in) and its scales (`s_*`), the norms
+    applied as they are (folding them in would change what was quantized)."""
 
     def __init__(self, block):
         super().__init__()
@@ -91,26 +94,59 @@ class BlockWeights(torch.nn.Module):
         self.ffn = mlp.gate_proj.weight.shape[0]
         w = attn.q_proj.weight
         biased = attn.q_proj.bias is not None  # Qwen2 checkpoints: q, k and v carry biases together
+        n_in, n_post = block.input_layernorm.weight.detach(), block.post_attention_layernorm.weight.detach()
+        qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
         _buffers(self, eps=torch.tensor(block.input_layernorm.eps, dtype=w.dtype, device=w.device),
-                 w_qkv=_fold(block.input_layernorm.weight, torch.cat([attn.q_proj.weight, attn.k_proj.weight,
-                                                                      attn.v_proj.weight])),
-                 b_qkv=torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach() if biased else None,
-                 w_o=attn.o_proj.weight.detach().t(),
-                 w_gate_up=_fold(block.post_attention_layernorm.weight, torch.cat([mlp.gate_proj.weight,
-                                                                                   mlp.up_proj.weight])),
-                 w_down=mlp.down_proj.weight.detach().t())
+                 b_qkv=torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach() if biased else None)
+        if int8_weight(attn.q_proj) is not None:
+            _buffers(self, n_in=n_in, n_post=n_post)
+            _int8_buffers(self, w_qkv=qkv, w_o=[attn.o_proj], w_gate_up=gate_up, w_down=[mlp.down_proj])
+        else:
+            _buffers(self, n_in=None, n_post=None, s_qkv=None, s_o=None, s_gate_up=None, s_down=None,
+                     w_qkv=_fold(n_in, torch.cat([m.weight for m in qkv])), w_o=attn.o_proj.weight.detach().t(),
+                     w_gate_up=_fold(n_post, torch.cat([m.weight for m in gate_up])),
+                     w_down=mlp.down_proj.weight.detach().t())
+
+
+def _int8_buffers(module: torch.nn.Module, **products: list) -> None:
+    """Each product's int8 matrix (its linear layers' rows concatenated, (out, in)) as `name` and its scales
+    as `s_<name without w_>`, from `model.weight_format.use_weights(..., "int8")`."""
+    for name, linears in products.items():
+        parts = [int8_weight(m) for m in linears]
+        _buffers(module, **{name: torch.cat([q for q, _ in parts]), "s_" + name.removeprefix("w_"):
+                            torch.cat([s for _, s in parts])})
+
+
+def _mm(x: Tensor, w: Tensor, scale: Tensor | None) -> Tensor:
+    """x @ a decode-layout product: w (in, out), or int8 w (out, in) times its per-output scales; inductor
+    lowers the int8 form to its weight-only int8 GEMM (a byte read per weight)."""
+    return torch.mm(x, w) if scale is None else torch.mm(x, w.t().to(x.dtype)) * scale
+
+
+def _addmm(res: Tensor, x: Tensor, w: Tensor, scale: Tensor | None) -> Tensor:
+    return torch.addmm(res, x, w) if scale is None else res + _mm(x, w, scale)
+
+
+def _normed(x: Tensor, eps: Tensor, weight: Tensor | None) -> Tensor:
+    """RMSNorm; its weight applied here only where it is not folded into the next product."""
+    return rms(x, eps) if weight is None else rms(x, eps) * weight
 
 
 class SequentialWeights(torch.nn.Module):
-    """One DeepSeek-V3 MTP module: the fusing projection (enorm and hnorm folded in), its block, and
-    the shared unembedding with the module's own output norm folded in."""
+    """One DeepSeek-V3 MTP module: the fusing projection (enorm and hnorm folded in, or applied before an
+    int8 projection), its block, and the shared unembedding with the module's own output norm folded in."""
 
     def __init__(self, module, unembed: Tensor):
         super().__init__()
         out_norm = module.shared_head.norm.weight.detach()
+        norms = torch.cat([module.enorm.weight, module.hnorm.weight]).detach()
         _buffers(self, eps=torch.tensor(module.enorm.eps, dtype=unembed.dtype, device=unembed.device),
-                 w_eh=_fold(torch.cat([module.enorm.weight, module.hnorm.weight]), module.eh_proj.weight),
                  out_norm=out_norm, unembed=_fold(out_norm, unembed))
+        if int8_weight(module.eh_proj) is not None:
+            _buffers(self, n_eh=norms)
+            _int8_buffers(self, w_eh=[module.eh_proj])
+        else:
+            _buffers(self, n_eh=None, s_eh=None, w_eh=_fold(norms, module.eh_proj.weight))
         self.block = BlockWeights(module.block)
 
 
@@ -138,8 +174,11 @@ def _rope(x: Tensor, plan: Plan) -> Tensor:
 def block_forward(w: BlockWeights, x: Tensor, plan: Plan, k_store: Tensor, v_store: Tensor) -> Tensor:
     """One Llama block on x (B*T, d), writing its keys/values at the plan's positions."""
     B, T, H, Hkv, D = plan.batch, plan.width, w.n_heads, w.kv_heads, w.head_dim
-    h = rms(x, w.eps)
-    qkv = torch.mm(h, w.w_qkv) if w.b_qkv is None else torch.addmm(w.b_qkv, h, w.w_qkv)
+    h = _normed(x, w.eps, w.n_in)
+    if w.b_qkv is None:
+        qkv = _mm(h, w.w_qkv, w.s_qkv)
+    else:
+        qkv = torch.addmm(w.b_qkv, h, w.w_qkv) if w.s_qkv is None else _mm(h, w.w_qkv, w.s_qkv) + w.b_qkv
     qk, v = qkv.split(w.qk_v, 1)
     q, k = _rope(qk.view(B * T, H + Hkv, D), plan).view(B, T, H + Hkv, D).split(w.q_k, 2)
     v = v.view(B, T, Hkv, D)
@@ -152,9 +191,9 @@ def block_forward(w: BlockWeights, x: Tensor, plan: Plan, k_store: Tensor, v_sto
         v_store.transpose(1, 2)[plan.rows, plan.positions] = v
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k_store[:, :, :plan.span], v_store[:, :, :plan.span],
                                          attn_mask=plan.mask, is_causal=plan.causal, enable_gqa=w.gqa)
-    x = torch.addmm(x, out.transpose(1, 2).reshape(B * T, H * D), w.w_o)
-    gate, up = torch.mm(rms(x, w.eps), w.w_gate_up).split(w.ffn, 1)
-    return torch.addmm(x, F.silu(gate).mul_(up), w.w_down)
+    x = _addmm(x, out.transpose(1, 2).reshape(B * T, H * D), w.w_o, w.s_o)
+    gate, up = _mm(_normed(x, w.eps, w.n_post), w.w_gate_up, w.s_gate_up).split(w.ffn, 1)
+    return _addmm(x, F.silu(gate).mul_(up), w.w_down, w.s_down)
 
 
 def _param_key(module) -> tuple:
@@ -405,7 +444,8 @@ class Engine(torch.nn.Module):
         m = self.sequential[i]
         emb = F.embedding(tokens, self.embed).view(B * W, -1)
         fused = torch.cat([rms(emb, m.eps), rms(x.reshape(B * W, -1), m.eps)], -1)
-        return block_forward(m.block, torch.mm(fused, m.w_eh), plan, k_store, v_store).view(B, W, -1)
+        fused = fused if m.n_eh is None else fused * m.n_eh  # int8: the norms' weights, not folded in
+        return block_forward(m.block, _mm(fused, m.w_eh, m.s_eh), plan, k_store, v_store).view(B, W, -1)
 
     # ---- verification fused with the next draft ---------------------------------------------------
     def fused_step(self, key: tuple, build, tokens: Tensor, cache: StaticKVCache,

@@ -29,6 +29,7 @@ from mtp_cli.config.recipe import EvalConfig, Runtime
 from mtp_cli.evals import gsm8k, humaneval, humaneval_tasks, sandbox
 from mtp_cli.evals.lm import MTPLM
 from mtp_cli.evals.runner import hf_json_path, hf_run, samples_path, write_rows
+from mtp_cli.model.weight_format import WEIGHT_DTYPES
 
 TASKS = ("humaneval", "gsm8k")
 HARNESS = "lm-eval hf"
@@ -78,6 +79,9 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
         raise UserError("--harness lm-eval runs greedy pass@1 only (--samples 1, --temperature 0)")
     if not cfg.truncate:
         raise UserError("--harness lm-eval cuts long prompts as lm-eval does; --no-truncate is for mtp's harness")
+    if rt.dtype not in ("fp32", "bf16"):
+        raise UserError(f"--harness lm-eval loads the checkpoint itself, in fp32 or bf16; --dtype {rt.dtype} is mtp's "
+                        "harness only")
     device = env.use_runtime(rt)
     if "humaneval" in cfg.tasks:
         sandbox.detect()
@@ -99,7 +103,7 @@ def run_lm_eval(source: str, cfg: EvalConfig, rt: Runtime | None = None, *, reci
         fewshot = gsm8k.fitting_fewshot(MTPLM(trunk=run.model.trunk, tokenizer=run.tokenizer), cfg.limit("gsm8k"),
                                         gsm8k_dir, run.recipe.eval.gsm8k_fewshot or 0)
     del run
-    lm = HFLM(pretrained=str(src.path), backend="causal", dtype=str(env.weight_dtype(rt)).removeprefix("torch."),
+    lm = HFLM(pretrained=str(src.path), backend="causal", dtype=str(WEIGHT_DTYPES[rt.dtype]).removeprefix("torch."),
               device=str(device), batch_size=BATCH_SIZE,
               max_length=context)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)

@@ -38,6 +38,7 @@ from mtp_cli.evals.lm import MTPLM
 from mtp_cli.model import MTPModel, pretrained
 from mtp_cli.model.checkpoint import LoadedRun, load_run
 from mtp_cli.model.hf import ensure_export, load_export
+from mtp_cli.model.weight_format import use_weights
 
 
 def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
@@ -130,7 +131,7 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
     json_path.parent.mkdir(parents=True, exist_ok=True)
     _load_trunk(subject, cfg, device)
     for model in {id(m): m for m in (subject.run.model, subject.trunk) if m is not None}.values():
-        model.to(env.weight_dtype(rt))
+        use_weights(model, rt.dtype)
     fewshot = _check_contexts(subject, cfg, rt, gsm8k_dir)
     results: dict = {}
     seconds: dict = {}
