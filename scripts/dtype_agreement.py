@@ -43,11 +43,18 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
             "median_first_disagreement": statistics.median(firsts)}
 
 
+def _window_rows(path: Path) -> list[dict]:
+    rows = read_json_lines(path)  # numbers, not strings: read_json_lines' `keys` checks strings only
+    if not rows or any(not all(isinstance(r.get(k), (int, float)) for k in ("window", "loss", "tokens", "bytes"))
+                       for r in rows):
+        raise SystemExit(f"{path}: not an eval_heldout_windows.jsonl (each line: window, loss, tokens, bytes)")
+    return rows
+
+
 def heldout_difference(reference: Path, other: Path) -> dict:
     """Token-weighted held-out loss (nats/token) and bits per byte of each file, and the mean over windows
     of the paired per-window difference (other - reference) with its 95% t interval."""
-    a = {r["window"]: r for r in read_json_lines(reference, keys=("window", "loss"))}
-    b = {r["window"]: r for r in read_json_lines(other, keys=("window", "loss"))}
+    a, b = ({r["window"]: r for r in _window_rows(path)} for path in (reference, other))
     if a.keys() != b.keys():
         raise SystemExit(f"the two files hold different windows ({len(a)} and {len(b)}): same run and --limit?")
 
