@@ -39,11 +39,12 @@ def probe(path: Path) -> str | None:
         return "llama.cpp did not decode one token in 120 s in a probe"
     if proc.returncode == 0:
         return None
-    code = proc.returncode
+    code, last_error = proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1][:200]
     died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-    hint = (": rebuild it for instructions this kernel enables (Makefile: LLAMACPP_CMAKE)"
-            if code == -signal.SIGILL else f" ({proc.stderr.strip().splitlines()[-1][:200]})" if proc.stderr.strip() else "")
-    return f"llama.cpp failed a one-token probe on this machine ({died}){hint}"
+    if code == -signal.SIGILL:
+        return f"llama.cpp failed a one-token probe on this machine ({died}): rebuild it for instructions this " \
+               "kernel enables (Makefile: LLAMACPP_CMAKE)"
+    return f"llama.cpp failed a one-token probe on this machine ({died})" + (f" ({last_error})" if last_error else "")
 
 
 def weight_format(path: Path) -> str:

@@ -175,10 +175,7 @@ def block_forward(w: BlockWeights, x: Tensor, plan: Plan, k_store: Tensor, v_sto
     """One Llama block on x (B*T, d), writing its keys/values at the plan's positions."""
     B, T, H, Hkv, D = plan.batch, plan.width, w.n_heads, w.kv_heads, w.head_dim
     h = _normed(x, w.eps, w.n_in)
-    if w.b_qkv is None:
-        qkv = _mm(h, w.w_qkv, w.s_qkv)
-    else:
-        qkv = torch.addmm(w.b_qkv, h, w.w_qkv) if w.s_qkv is None else _mm(h, w.w_qkv, w.s_qkv) + w.b_qkv
+    qkv = _mm(h, w.w_qkv, w.s_qkv) if w.b_qkv is None else _addmm(w.b_qkv, h, w.w_qkv, w.s_qkv)
     qk, v = qkv.split(w.qk_v, 1)
     q, k = _rope(qk.view(B * T, H + Hkv, D), plan).view(B, T, H + Hkv, D).split(w.q_k, 2)
     v = v.view(B, T, Hkv, D)
