@@ -90,6 +90,30 @@ def test_gsm8k_source_trains_on_train_split_only():
         sources.corpus(DataConfig(source="gsm8k", paths=[str(GSM8K / "test.jsonl")]))
 
 
+def test_stdlib_functions_source_gives_whole_public_functions_with_docstrings():
+    text = ('def public(x):\n    """Doc."""\n    return x\n\n\ndef _private(x):\n    """Doc."""\n    return x\n\n\n'
+            'def bare(x):\n    return x\n\n\nclass C:\n    def method(self):\n        """Doc."""\n        return 1\n\n\n'
+            'def only_doc():\n    """Doc."""\n')
+    found = sources.public_functions(text)
+    assert [whole for _, whole in found] == ['def public(x):\n    """Doc."""\n    return x\n',
+                                             'def method(self):\n    """Doc."""\n    return 1\n']
+    assert [head for head, _ in found] == ['def public(x):\n    """Doc."""\n', 'def method(self):\n    """Doc."""\n']
+    assert sources.public_functions("def broken(:\n") == []
+    docs = sources.corpus(DataConfig(source="stdlib-functions", max_bytes=200_000))
+    assert len(docs) > 50 and all(d.startswith(("def ", "async def ")) for d in docs)
+
+
+def test_sources_joined_by_plus_give_each_corpus_in_turn():
+    functions = sources.corpus(DataConfig(source="stdlib-functions"))
+    gsm8k = sources.corpus(DataConfig(source="gsm8k", paths=[str(GSM8K)]))
+    assert sources.corpus(DataConfig(source="stdlib-functions+gsm8k", paths=[str(GSM8K)])) == functions + gsm8k
+    for bad in ("stdlib+stdlib", "stdlib+self", "stdlib+nope"):
+        with pytest.raises(UserError, match="data.source"):
+            DataConfig(source=bad).validate()
+    with pytest.raises(UserError, match="needs data.paths"):
+        DataConfig(source="stdlib-functions+gsm8k").validate()
+
+
 # ---- shards: split, cache, dtype -----------------------------------------------------------------
 
 def make_corpus(folder: Path, n: int = 40) -> list[str]:

@@ -270,6 +270,42 @@ def test_frozen_trunk_is_bit_identical_after_training(checkpoints, case, tmp_pat
     assert moved  # the modules did train
 
 
+def test_bf16_trunk_pass_is_stored_in_bf16_and_read_back_the_same(checkpoints, tmp_path, monkeypatch):
+    """train.trunk_dtype = "bfloat16": the frozen trunk's cached pass runs under bf16 autocast and its states are
+    stored in bf16; a run reading them trains bit-identical modules to the run that stored them, and both
+    differ (slightly) from the fp32 pass's, so the setting took effect."""
+    from mtp_cli.model.checkpoint import load_run
+    from mtp_cli.train.loop import train
+
+    monkeypatch.setenv("MTP_CACHE_DIR", str(tmp_path / "cache"))
+    weights = {}
+    for name, dtype in (("fp32", "float32"), ("stores", "bfloat16"), ("reads", "bfloat16")):
+        recipe = _frozen_recipe(checkpoints["llama-tied"])
+        recipe.mtp.draft_target = "trunk"
+        recipe.train.trunk_dtype = dtype
+        summary = train(recipe, tmp_path / name, show_progress=False)
+        weights[name] = load_run(tmp_path / name).model.mtp.state_dict()
+        if name == "reads":
+            assert summary["trunk_cache"] == {"hits": 6, "misses": 0}
+    stored = sorted((tmp_path / "cache").rglob("step*.pt"))
+    assert len(stored) == 12  # 6 fp32 + 6 bf16 batches, under two keys
+    dtypes = {torch.load(p, weights_only=True)["shared"].dtype for p in stored}
+    assert dtypes == {torch.float32, torch.bfloat16}
+    for key, value in weights["stores"].items():
+        assert torch.equal(weights["reads"][key], value), key
+    gap = max(float((weights["fp32"][k] - v).abs().max()) for k, v in weights["stores"].items())
+    assert 0 < gap < 1e-2
+
+
+def test_trunk_dtype_needs_a_cached_frozen_trunk():
+    from mtp_cli.config.recipe import TrainConfig
+
+    with pytest.raises(UserError, match="trunk_dtype"):
+        TrainConfig(trunk_dtype="bfloat16").validate()
+    with pytest.raises(UserError, match="trunk_dtype"):
+        TrainConfig(trunk_dtype="float16", freeze_trunk=True).validate()
+
+
 @pytest.mark.parametrize("mtp", [("sequential", {"depth": 1}), ("parallel", {"heads": 3, "compute_matched": False}),
                                  ("parallel", {"heads": 3, "compute_matched": False, "draft_target": "trunk"})])
 def test_trunk_state_cache_trains_the_same_modules(checkpoints, mtp, tmp_path, monkeypatch):

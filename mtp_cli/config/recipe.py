@@ -39,6 +39,8 @@ ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_KEYS = {"default": (), "linear": ("factor",),  # the numbers each rope_type reads (model/trunk.py)
              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval", "stdlib-functions")  # data.self_prompts, "+" mixes them
+TRUNK_DTYPES = ("float32", "bfloat16")  # train.trunk_dtype
+SOURCES = ("stdlib", "stdlib-functions", "files", "gsm8k", "hf")  # data.source, "+" mixes them; or "self" alone
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
 
@@ -111,6 +113,8 @@ class MTPConfig:
     draft_vocab: int = 0  # train the extra predictions over this many most frequent training tokens (0: all)
     draft_target: str = "token"  # what extra prediction k learns: the text's token (the papers), or "trunk": the
                                  # frozen trunk's own distribution for that token, which is what verification accepts
+    unroll: int = 1  # training-time test (sequential, depth 1): train the module on its own states over this many
+                     # recursive steps, a loss at each, as it drafts beyond depth 1 (mtp_cli/model/unroll.py)
 
     @property
     def n_extra(self) -> int:
@@ -147,6 +151,11 @@ class MTPConfig:
             raise UserError(f"unknown mtp_input {self.mtp_input!r}; choose one of {', '.join(MTP_INPUTS)}")
         if self.draft_vocab < 0:
             raise UserError(f"mtp.draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
+        if self.unroll < 1:
+            raise UserError(f"mtp.unroll must be >= 1 (1: no training-time test), got {self.unroll}")
+        if self.unroll > 1 and not (self.objective == "sequential" and self.depth == 1):
+            raise UserError("mtp.unroll > 1 trains a depth-1 module on its own recursive states: it needs the "
+                            "sequential objective with depth 1")
         if self.draft_target not in DRAFT_TARGETS:
             raise UserError(f"unknown mtp.draft_target {self.draft_target!r}; choose one of {', '.join(DRAFT_TARGETS)}")
 
@@ -174,7 +183,7 @@ def objective_from_flags(recipe_objective: str, objective: str | None, depth: in
 
 @dataclass
 class DataConfig:
-    source: str = "stdlib"  # stdlib | files | gsm8k | hf | self
+    source: str = "stdlib"  # stdlib | stdlib-functions | files | gsm8k | hf, or several joined by "+"; or self
     paths: list[str] = field(default_factory=list)  # files/folders for files|gsm8k
     hf_dataset: str = ""  # name for source = "hf"
     hf_split: str = "train"
@@ -191,8 +200,10 @@ class DataConfig:
     self_new_tokens: int = 128  # greedy tokens generated per prompt (fewer at end of text)
 
     def validate(self) -> None:
-        if self.source not in ("stdlib", "files", "gsm8k", "hf", "self"):
-            raise UserError(f"unknown data.source {self.source!r}; choose stdlib, files, gsm8k, hf or self")
+        parts = self.source_parts
+        if self.source != "self" and (any(p not in SOURCES for p in parts) or len(set(parts)) < len(parts)):
+            raise UserError(f"unknown or repeated data.source {self.source!r}; choose {', '.join(SOURCES)} (several "
+                            "joined by '+' mix their documents) or self")
         if self.source == "self":
             unknown = [p for p in self.self_prompt_sets if p not in SELF_PROMPTS]
             if unknown or len(set(self.self_prompt_sets)) < len(self.self_prompt_sets):
@@ -204,16 +215,21 @@ class DataConfig:
             if self.self_samples < len(self.self_prompt_sets):
                 raise UserError(f"data.self_samples ({self.self_samples}) must give each prompt set in "
                                 f"{self.self_prompts!r} at least one prompt")
-        if self.source in ("files", "gsm8k") or (self.source == "self" and {"files", "gsm8k"} & set(self.self_prompt_sets)):
+        if {"files", "gsm8k"} & set(parts) or (self.source == "self" and {"files", "gsm8k"} & set(self.self_prompt_sets)):
             if not self.paths:
                 raise UserError(f"data.source = {self.source!r} needs data.paths (or --data PATH)")
             for p in self.paths:
                 if not Path(p).expanduser().exists():
                     raise UserError(f"data path not found: {p}")
-        if self.source == "hf" and not self.hf_dataset:
+        if "hf" in parts and not self.hf_dataset:
             raise UserError("data.source = 'hf' needs data.hf_dataset")
         if not 0.0 < self.val_fraction < 0.5:
             raise UserError(f"data.val_fraction must be in (0, 0.5), got {self.val_fraction}")
+
+    @property
+    def source_parts(self) -> list[str]:
+        """The corpora `source` names, in order ("stdlib-functions+gsm8k": both, their documents one after the other)."""
+        return self.source.split("+")
 
     @property
     def self_prompt_sets(self) -> list[str]:
@@ -247,6 +263,8 @@ class TrainConfig:
     init_from: str = ""  # a checkpoint the trunk starts from: folder, Hub id, .gguf file or short name; "" = random init
     freeze_trunk: bool = False  # train only the MTP modules (needs init_from)
     trunk_cache: bool = True  # a frozen trunk's states per batch are stored and reused (mtp_cli/model/trunk_cache.py)
+    trunk_dtype: str = "float32"  # what a frozen trunk's cached pass runs in: float32, or bfloat16 (autocast; the
+                                  # states stored in bf16, the last layer and the teacher still in fp32 each step)
     distinct_batches: int = 0  # step s trains on batch s mod this (0: a new batch every step): passes over one sample
     track: str = "none"  # none | tensorboard | wandb: also log the metrics there (rank 0)
     parallel: str = "ddp"  # ddp (every rank holds the whole model) | fsdp (sharded: FSDP2 + DCP checkpoints)
@@ -263,6 +281,11 @@ class TrainConfig:
     def validate(self) -> None:
         if self.data_seed is not None and self.data_seed < 0:
             raise UserError(f"train.data_seed must be >= 0, got {self.data_seed}")
+        if self.trunk_dtype not in TRUNK_DTYPES:
+            raise UserError(f"unknown train.trunk_dtype {self.trunk_dtype!r}; choose {' or '.join(TRUNK_DTYPES)}")
+        if self.trunk_dtype != "float32" and not (self.freeze_trunk and self.trunk_cache):
+            raise UserError(f"train.trunk_dtype = {self.trunk_dtype!r} is the cached pass of a frozen trunk: it needs "
+                            "train.freeze_trunk and train.trunk_cache")
         if self.distinct_batches < 0:
             raise UserError(f"train.distinct_batches must be >= 0 (0: a new batch every step), got {self.distinct_batches}")
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every", "eval_batches", "ckpt_every"):

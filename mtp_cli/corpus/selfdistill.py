@@ -19,12 +19,10 @@ setting never reuses them; the token shards built from them are cached like any 
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import json
 import os
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,17 +69,7 @@ def function_prompts(val_fraction: float) -> tuple[str, ...]:
     whose docstring is indented less than the `def`, are left out."""
     prompts = []
     for text in shards.split_documents(sources.corpus(DataConfig(source="stdlib")), val_fraction)[0]:
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        lines = text.split("\n")  # as ast numbers lines: form feeds and the like do not end one
-        for node in ast.walk(tree):
-            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_")
-                    and ast.get_docstring(node) and len(node.body) > 1):
-                head = textwrap.dedent("\n".join(lines[node.lineno - 1:node.body[0].end_lineno])) + "\n"
-                if head.startswith(("def ", "async def ")) and len(head) <= MAX_FUNCTION_PROMPT_CHARS:
-                    prompts.append(head)
+        prompts += [head for head, _ in sources.public_functions(text) if len(head) <= MAX_FUNCTION_PROMPT_CHARS]
     return tuple(prompts)
 
 

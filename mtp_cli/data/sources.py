@@ -1,17 +1,24 @@
 """Corpus sources, each an ordered iterable of documents (strings), offline by default.
 
 - stdlib: the Python standard library's own .py sources (tests, site-packages, idlelib left out);
+- stdlib-functions: each public standard-library function with a docstring and a body, whole and dedented,
+  one document each (HumanEval's shape: signature, docstring, body), the natural text a code drafter targets;
 - files:  local files or folders (.py, .txt, .md, .jsonl with a text field);
 - gsm8k:  GSM8K-style JSONL (question + answer) as documents in lm-eval's format (`gsm8k_format`);
 - hf:     a Hugging Face `datasets` dataset by name (needs the network or a local cache).
+
+Several joined by "+" (e.g. "stdlib-functions+gsm8k") give each one's documents in turn; training windows
+are drawn uniformly over the tokens, so each corpus is seen in proportion to its size.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
 import sysconfig
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +39,27 @@ def stdlib_files() -> list[Path]:
             continue
         files.append(path)
     return files
+
+
+def public_functions(text: str) -> list[tuple[str, str]]:
+    """(header, whole) of each public function in a Python source that has a docstring and a body, in
+    `ast.walk` order, both dedented: the header runs from the `def` line(s) through the docstring's end and
+    ends in a newline, the whole adds the body. Functions whose docstring is indented less than the `def`
+    are left out; a file that does not parse gives none."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    lines = text.split("\n")  # as ast numbers lines: form feeds and the like do not end one
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_")
+                and ast.get_docstring(node) and len(node.body) > 1):
+            head = textwrap.dedent("\n".join(lines[node.lineno - 1:node.body[0].end_lineno])) + "\n"
+            whole = textwrap.dedent("\n".join(lines[node.lineno - 1:node.end_lineno])) + "\n"
+            if head.startswith(("def ", "async def ")) and whole.startswith(head):
+                found.append((head, whole))
+    return found
 
 
 def _expand(paths: list[str]) -> list[Path]:
@@ -76,10 +104,20 @@ def gsm8k_train_rows(paths: list[str]) -> Iterator[dict]:
 
 
 def documents(cfg: DataConfig) -> Iterator[str]:
-    if cfg.source == "stdlib":
+    """The documents of each corpus `data.source` names, one corpus after the other."""
+    for part in cfg.source_parts:
+        yield from _documents(cfg, part)
+
+
+def _documents(cfg: DataConfig, source: str) -> Iterator[str]:
+    if source == "stdlib":
         for path in stdlib_files():
             yield path.read_text(encoding="utf-8", errors="replace")
-    elif cfg.source == "files":
+    elif source == "stdlib-functions":
+        for path in stdlib_files():
+            for _, whole in public_functions(path.read_text(encoding="utf-8", errors="replace")):
+                yield whole
+    elif source == "files":
         for path in _expand(cfg.paths):
             if path.suffix == ".jsonl":
                 for row in _jsonl(path):
@@ -88,7 +126,7 @@ def documents(cfg: DataConfig) -> Iterator[str]:
                     yield str(row[cfg.text_field])
             else:
                 yield path.read_text(encoding="utf-8", errors="replace")
-    elif cfg.source == "gsm8k":
+    elif source == "gsm8k":
         for row in gsm8k_train_rows(cfg.paths):
             yield gsm8k_format.document(row["question"], row["answer"])
     else:

@@ -28,6 +28,7 @@ from mtp_cli.base.errors import UserError
 from mtp_cli.config.recipe import ModelConfig, MTPConfig
 from mtp_cli.model import loss as L
 from mtp_cli.model.trunk import Block, RMSNorm, Trunk, init_weights
+from mtp_cli.model.unroll import unrolled_states
 
 
 class SharedHead(nn.Module):
@@ -127,6 +128,11 @@ class MTPModel(nn.Module):
     def n_extra(self) -> int:
         return len(self.mtp)
 
+    @property
+    def n_losses(self) -> int:
+        """Extra predictions trained: one per module or head, or mtp.unroll recursive steps of module 1."""
+        return max(self.n_extra, self.mtp_cfg.unroll) if self.n_extra else 0
+
     def param_counts(self) -> dict[str, int]:
         trunk = sum(p.numel() for p in self.trunk.parameters())
         mtp = sum(p.numel() for p in self.mtp.parameters())
@@ -146,7 +152,8 @@ class MTPModel(nn.Module):
         if targets is None:
             return self.all_logits(idx)
         distil = self.mtp_cfg.draft_target == "trunk"
-        hidden, extras = self.hidden_states(idx, frozen.shared if frozen is not None else None, need_hidden=distil)
+        hidden, extras = self.hidden_states(idx, frozen.shared if frozen is not None else None, need_hidden=distil,
+                                            unroll=self.mtp_cfg.unroll)
         weight = self.trunk.unembed_weight
         totals = totals or [None] * (len(extras) + 1)
         loss_main = (frozen.loss_main if frozen is not None
@@ -158,24 +165,29 @@ class MTPModel(nn.Module):
         lam = self.mtp_cfg.lambda_at() if lam is None else lam
         return Output(L.combine(loss_main, loss_extra, lam), loss_main, loss_extra)
 
-    def frozen_pass(self, idx: torch.Tensor, targets: torch.Tensor, total: float | None = None) -> FrozenTrunk:
+    def frozen_pass(self, idx: torch.Tensor, targets: torch.Tensor, total: float | None = None,
+                    dtype: torch.dtype | None = None) -> FrozenTrunk:
         """A frozen trunk's contribution to one batch (`total`: the next-token loss's division, as
-        `forward`'s totals[0]); computed exactly as `forward` computes it."""
+        `forward`'s totals[0]); computed exactly as `forward` computes it, or with `dtype` (bf16) under
+        autocast, its shared state rounded to that dtype (what a cache stores) and returned in fp32."""
         if not self.frozen_trunk:
             raise ValueError("frozen_pass needs a frozen trunk: a trained one changes every step")
         trunk = self.trunk
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(idx.device.type, dtype=dtype, enabled=dtype is not None):
             x = trunk.embed_tokens(idx)
             rope = trunk.rope(idx.shape[1], idx.device, x.dtype)
             shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
             hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
             loss_main = L.linear_cross_entropy(trunk.norm(hidden), trunk.unembed_weight, targets, total)
+        if dtype is not None:
+            shared, loss_main = shared.to(dtype).float(), loss_main.float()
         return FrozenTrunk(shared, loss_main)
 
-    def hidden_states(self, idx: torch.Tensor, shared: torch.Tensor | None = None, need_hidden: bool = False
-                      ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    def hidden_states(self, idx: torch.Tensor, shared: torch.Tensor | None = None, need_hidden: bool = False,
+                      unroll: int = 1) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """Trunk hidden (pre-final-norm) over T positions, and each extra prediction's state over
-        its valid positions (T-k), already cut to length. A frozen trunk runs without autograd;
+        its valid positions (T-k), already cut to length; with `unroll` > 1 (one sequential module) its
+        recursive steps 1..unroll instead (model/unroll.py). A frozen trunk runs without autograd;
         given its last layer's input (`shared`, from `frozen_pass`) it runs that layer only, and only
         for sequential modules or `need_hidden` (parallel heads otherwise return no trunk hidden: its loss
         is stored too)."""
@@ -196,6 +208,10 @@ class MTPModel(nn.Module):
         cos, sin = rope
         if self.objective == "parallel":
             return hidden, [head(shared, cos, sin)[:, : T - k] for k, head in enumerate(self.mtp, 1)]
+        if unroll > 1:
+            module = self.mtp[0]
+            out_norm = module.shared_head.norm if self.mtp_cfg.mtp_input == "post-norm" else None
+            return hidden, unrolled_states(module, h, x, cos, sin, unroll, out_norm)
         extras = []
         for k, module in enumerate(self.mtp, 1):
             n = T - k
@@ -204,10 +220,11 @@ class MTPModel(nn.Module):
         return hidden, extras
 
     def extra_normed(self, k: int, h: torch.Tensor) -> torch.Tensor:
-        """Extra prediction k's (1-based) hidden state after its final norm: the unembedding's input."""
+        """Extra prediction k's (1-based) hidden state after its final norm: the unembedding's input (beyond
+        the last module, a recursive step of it)."""
         if self.objective == "parallel":
             return self.trunk.norm(h)
-        return self.mtp[k - 1].shared_head.norm(h)
+        return self.mtp[min(k, len(self.mtp)) - 1].shared_head.norm(h)
 
     def extra_logits(self, k: int, h: torch.Tensor) -> torch.Tensor:
         """Logits of extra prediction k (1-based) from its hidden state."""

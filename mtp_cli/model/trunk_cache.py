@@ -6,7 +6,8 @@ whole trunk forward over them, which on a real pretrained model costs more than 
 This cache stores, per step and micro-batch, the input of the trunk's last layer and its next-token
 loss (`MTPModel.frozen_pass`) under `<cache>/trunk_states/<key>/`. The key hashes the trunk's weights
 with everything that decides a batch (the token data, context, batch size, data order, rank and world
-size, micro-batches) and how it is computed (device type, dtype), so a different trunk or batch never
+size, micro-batches) and how it is computed (device type, dtype: train.trunk_dtype bfloat16 runs the pass under autocast and
+stores its states in bf16, half the disk), so a different trunk or batch never
 reads another's states. A hit is bit-identical to recomputing (the test compares them).
 """
 
@@ -44,11 +45,11 @@ class TrunkStateCache:
     """One run's view of the cache: `get(step, micro, idx, targets, total)` returns the stored
     `FrozenTrunk` of that micro-batch, computing and storing it on a miss."""
 
-    def __init__(self, root: Path, model: MTPModel, batch_key: dict):
+    def __init__(self, root: Path, model: MTPModel, batch_key: dict, dtype: torch.dtype | None = None):
         trunk_sha = weights_sha256(model.trunk)
         key = hashlib.sha256(json.dumps({"trunk": trunk_sha, **batch_key}, sort_keys=True).encode()).hexdigest()[:20]
         self.dir = Path(root) / "trunk_states" / key
-        self.model = model
+        self.model, self.dtype = model, dtype  # dtype: the pass runs in it and its states are stored in it
         self.hits = self.misses = 0
 
     def get(self, step: int, micro: int, idx: torch.Tensor, targets: torch.Tensor,
@@ -57,10 +58,11 @@ class TrunkStateCache:
         if path.is_file():
             stored = torch.load(path, map_location=idx.device, weights_only=True)
             self.hits += 1
-            return FrozenTrunk(stored["shared"], stored["loss_main"])
-        frozen = self.model.frozen_pass(idx, targets, total)
+            return FrozenTrunk(stored["shared"].float(), stored["loss_main"])
+        frozen = self.model.frozen_pass(idx, targets, total, self.dtype)
         self.dir.mkdir(parents=True, exist_ok=True)
         with replacing(path, f".{os.getpid()}") as tmp:
-            torch.save({"shared": frozen.shared.cpu(), "loss_main": frozen.loss_main.cpu()}, tmp)
+            shared = frozen.shared.to(self.dtype or frozen.shared.dtype)
+            torch.save({"shared": shared.cpu(), "loss_main": frozen.loss_main.cpu()}, tmp)
         self.misses += 1
         return frozen

@@ -451,10 +451,11 @@ class _Training:
                               and not t.freeze_trunk and not self.fsdp)
         self.forward_model: nn.Module = model
         self.trunk_states = None
+        trunk_dtype = torch.bfloat16 if t.trunk_dtype == "bfloat16" else None
         if t.freeze_trunk and t.trunk_cache and not self.fsdp:
             self.trunk_states = TrunkStateCache(shards.cache_root(recipe.data), model, {
                 "data": data.key, **trunk_cache.batch_settings(recipe), "rank": ddp.rank, "world": ddp.world,
-                "device": device.type, "dtype": str(self.amp_dtype or torch.float32)})
+                "device": device.type, "dtype": str(trunk_dtype or self.amp_dtype or torch.float32)}, trunk_dtype)
         if ddp.world > 1 and not self.fsdp:
             self.forward_model = DDP(model, device_ids=[ddp.local_rank] if device.type == "cuda" else None)
         self.tokenizer_fingerprint = toklib.fingerprint(data.tokenizer)
@@ -643,7 +644,7 @@ def accumulate(forward_model: nn.Module, model: MTPModel, x: torch.Tensor, y: to
     gradients over ranks, so the gradient is that of the global mean even when ranks hold different
     numbers of valid targets (model/loss.py), and the logged losses, averaged over ranks, are its value.
     `frozen(micro, x, y, total)`: a frozen trunk's stored states of that micro-batch (trunk_cache.py)."""
-    counts = L.valid_counts(y, model.n_extra).double()
+    counts = L.valid_counts(y, model.n_losses).double()
     if ddp.world > 1:
         dist.all_reduce(counts)
     totals = [max(c, 1.0) / ddp.world for c in counts.tolist()]
