@@ -39,6 +39,7 @@ ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_KEYS = {"default": (), "linear": ("factor",),  # the numbers each rope_type reads (model/trunk.py)
              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval", "stdlib-functions")  # data.self_prompts, "+" mixes them
+FEATURES = ("last", "fused")  # mtp.features
 TRUNK_DTYPES = ("float32", "bfloat16")  # train.trunk_dtype
 SOURCES = ("stdlib", "stdlib-functions", "files", "gsm8k", "hf")  # data.source, "+" mixes them; or "self" alone
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
@@ -113,6 +114,8 @@ class MTPConfig:
     draft_vocab: int = 0  # train the extra predictions over this many most frequent training tokens (0: all)
     draft_target: str = "token"  # what extra prediction k learns: the text's token (the papers), or "trunk": the
                                  # frozen trunk's own distribution for that token, which is what verification accepts
+    features: str = "last"  # what depth 1 reads (sequential): the trunk's last state, or "fused": a learned
+                            # projection of a low, a middle and the last layer's states (EAGLE-3), starting as "last"
     unroll: int = 1  # training-time test (sequential, depth 1): train the module on its own states over this many
                      # recursive steps, a loss at each, as it drafts beyond depth 1 (mtp_cli/model/unroll.py)
 
@@ -151,6 +154,10 @@ class MTPConfig:
             raise UserError(f"unknown mtp_input {self.mtp_input!r}; choose one of {', '.join(MTP_INPUTS)}")
         if self.draft_vocab < 0:
             raise UserError(f"mtp.draft_vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
+        if self.features not in FEATURES:
+            raise UserError(f"unknown mtp.features {self.features!r}; choose {' or '.join(FEATURES)}")
+        if self.features == "fused" and self.objective != "sequential":
+            raise UserError("mtp.features = 'fused' feeds a sequential module's depth 1: it needs the sequential objective")
         if self.unroll < 1:
             raise UserError(f"mtp.unroll must be >= 1 (1: no training-time test), got {self.unroll}")
         if self.unroll > 1 and not (self.objective == "sequential" and self.depth == 1):

@@ -148,6 +148,11 @@ class SequentialWeights(torch.nn.Module):
         else:
             _buffers(self, n_eh=None, s_eh=None, w_eh=_fold(norms, module.eh_proj.weight))
         self.block = BlockWeights(module.block)
+        fuse = getattr(module, "fuse", None)  # fused features (depth 1): (3d -> d) over [low; mid; last]
+        if fuse is not None and int8_weight(fuse) is not None:
+            _int8_buffers(self, w_fuse=[fuse])
+        else:
+            _buffers(self, s_fuse=None, w_fuse=None if fuse is None else fuse.weight.detach().t().contiguous())
 
 
 @dataclass
@@ -217,6 +222,7 @@ class Engine(torch.nn.Module):
         self.sequential = torch.nn.ModuleList(SequentialWeights(m, trunk.unembed_weight) for m in model.mtp) \
             if sequential else torch.nn.ModuleList()
         self.heads = torch.nn.ModuleList(BlockWeights(b) for b in model.mtp) if parallel else torch.nn.ModuleList()
+        self.tap_layers = tuple(model.tap_layers) if sequential else ()  # fused features read these layers' outputs
         self._tables(trunk.cfg.context + TABLE_SLACK)  # room for the drafters' caches, so compiled graphs see one size
         self._draft_unembeds: dict[tuple, Tensor] = {}
         self.static = compile and self.device.type == "cuda"  # batches run one fixed-shape graph per shape
@@ -302,13 +308,18 @@ class Engine(torch.nn.Module):
 
     # ---- the trunk -------------------------------------------------------------------------------
     def run_trunk(self, tokens: Tensor, plan: Plan, cache: StaticKVCache) -> tuple[Tensor, Tensor]:
-        """(hidden before the final norm (B, T, d), the input of the last layer (B, T, d))."""
+        """(hidden before the final norm (B, T, d), the input of the last layer (B, T, d), or for a model with
+        fused features the outputs of its `tap_layers` (B, T, 2d), what its depth 1 reads beside hidden)."""
         B, T = tokens.shape
         x = F.embedding(tokens, self.embed).view(B * T, -1)
-        shared = x
+        shared, taps = x, {}
         for i, w in enumerate(self.blocks):
             shared = x
             x = block_forward(w, x, plan, cache.k[i], cache.v[i])
+            if i in self.tap_layers:
+                taps[i] = x
+        if self.tap_layers:
+            shared = torch.cat([taps[i] for i in self.tap_layers], -1)
         return x.view(B, T, -1), shared.view(B, T, -1)
 
     def forward_static(self, tokens: Tensor, positions: Tensor, k_stores: list[Tensor],
@@ -413,6 +424,16 @@ class Engine(torch.nn.Module):
         return torch.matmul(rms(hidden, self.eps), self.unembed if unembed is None else unembed)
 
     # ---- the MTP modules -------------------------------------------------------------------------
+    def depth_one_input(self, hidden: Tensor, shared: Tensor, post_norm: bool) -> Tensor:
+        """What sequential depth 1 reads from the trunk's states (B, W, d) and the forward's second output: its
+        final-normed or raw last state, fused with the tapped layers' outputs when the module has fused features."""
+        h = self.head_norm(hidden) if post_norm else hidden
+        m = self.sequential[0]
+        if m.w_fuse is None:
+            return h
+        B, W, d = h.shape
+        return _mm(torch.cat([shared, h], -1).view(B * W, -1), m.w_fuse, m.s_fuse).view(B, W, d)
+
     def sequential_module(self, d: int, h_prev: Tensor, tokens: Tensor, positions: Tensor, cache: StaticKVCache,
                           unembed: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """DeepSeek-V3 depth d (1-based) at explicit positions (B, W): h_prev (B, W, d), x_{j+d} tokens.

@@ -229,14 +229,13 @@ class SequentialDrafter(_ModuleDrafter):
         self.unembeds = [engine.draft_unembed(m.unembed, self.vocab) for m in engine.sequential[: self.depth]]
 
     def commit(self, start: Tensor, n_new: Tensor, hidden: Tensor, shared: Tensor) -> None:  # noqa: B027 (optional hook)
-        self._store(start, hidden)
+        self._store(start, self.engine.depth_one_input(hidden, shared, self.post_norm))
 
     def propose(self, seq, lengths, temperature, top_p, generator):
         engine, self.first_logits = self.engine, None
         rows = torch.arange(len(lengths), device=lengths.device)
         h, last, positions = self._window(lengths)
         one = len(lengths) == 1  # one row: its window has no padding, so its last position is the last
-        h = engine.head_norm(h) if self.post_norm else h
         drafts, probs = [], []
         for d in range(1, self.depth + 1):
             # x_{j+d} for window position j; after the pending token these are earlier drafts
@@ -341,7 +340,7 @@ class FusedGreedyStep(torch.nn.Module):
         unembed = self._unembed()
         picks = []
         if self.sequential:
-            h = engine.head_norm(hidden) if self.post_norm else hidden
+            h = engine.depth_one_input(hidden, shared, self.post_norm)
             outs = [engine.module_window(0, h, after, plan, module_k[0], module_v[0])]
         else:
             outs = [engine.module_window(j, shared, None, plan, module_k[j], module_v[j]) for j in range(k)]
@@ -369,8 +368,7 @@ class FusedGreedyStep(torch.nn.Module):
         nxt = torch.where(n.bool(), logits.index_select(1, col)[:, 0].argmax(-1), target)
         for store in (*k_stores, *v_stores):
             store[:, :, start + 1:start + 2] = store.index_select(2, col + start)
-        states = hidden if self.sequential else shared
-        states = engine.head_norm(states) if self.post_norm else states
+        states = engine.depth_one_input(hidden, shared, self.post_norm) if self.sequential else shared
         pair = torch.cat([states[:, :1], states.index_select(1, col)], 1)  # the committed positions' states
         after = torch.cat([target, nxt])[None] if self.sequential else None  # the token after each
         out = engine.module_window(0, pair, after, engine.row_plan(start, 2), module_k[0], module_v[0])

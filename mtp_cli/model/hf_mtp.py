@@ -13,6 +13,7 @@ What transformers' layer cannot express, and what we do about it:
 - parallel heads (no `eh_proj`, no chain): refused;
 - depth 1 fed the trunk state before its final norm (`mtp.mtp_input = "pre-norm"`): refused, since
   `generate(use_mtp=True)` passes the main model's last hidden state, after the final norm;
+- fused features (`mtp.features = "fused"`, several layers' states): refused, the layer reads the last one only;
 - D >= 2: refused, since transformers feeds depth k+1 the state after depth k's `post_norm`, where ours
   reads it before its final norm (depth 2 would draft from a state it never trained on);
 - a module trained over a draft sub-vocabulary (`mtp.draft_vocab`): exported, the difference stated,
@@ -43,6 +44,9 @@ def check_exportable(model) -> list[str]:
     if cfg.mtp_input != "post-norm":
         raise UserError("--with-mtp: this module reads the trunk state before its final norm (mtp.mtp_input = "
                         "'pre-norm'); transformers' generate(use_mtp=True) feeds it the state after it")
+    if cfg.features != "last":
+        raise UserError("--with-mtp: this module reads fused trunk features (mtp.features = 'fused'); "
+                        "transformers' MtpLayer reads the last hidden state only")
     if model.n_extra > 1:
         raise UserError(f"--with-mtp exports one module; this run has {model.n_extra} (transformers feeds depth k+1 "
                         "the state after depth k's final norm, ours the state before it)")

@@ -13,6 +13,10 @@ block); all share the trunk's final norm and unembedding. Compute-matched: the t
 layers. `parallel_backward` is Meta's memory-efficient training: trunk once, then forward+backward
 one head at a time, accumulating the gradient at the shared state.
 
+Fused features (mtp.features = "fused", EAGLE-3 §3.2): depth 1 reads `fuse`[low; mid; last], a learned projection
+of two earlier layers' outputs (`feature_layers`) and the state it reads otherwise, started as the identity on the
+last so that it begins as the plain module.
+
 The trunk never reads the modules, so discarding them leaves its logits unchanged.
 """
 
@@ -37,11 +41,20 @@ class SharedHead(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
 
-class MTPModule(nn.Module):
-    """One DeepSeek-V3 depth: h'^k = eh_proj[enorm(Emb(t_{i+k})) ; hnorm(h^{k-1})], h^k = block(h'^k)."""
+def feature_layers(n_layers: int) -> tuple[int, int]:
+    """The trunk layers (0-based) whose outputs fused features read beside the last state: EAGLE-3's low and
+    middle levels, layer 3's and the middle layer's, clamped for shallow trunks."""
+    return min(2, n_layers - 1), n_layers // 2
 
-    def __init__(self, cfg: ModelConfig):
+
+class MTPModule(nn.Module):
+    """One DeepSeek-V3 depth: h'^k = eh_proj[enorm(Emb(t_{i+k})) ; hnorm(h^{k-1})], h^k = block(h'^k);
+    `fused`: depth 1 also has `fuse`, (3d → d), applied to [low; mid; h^0] before it reads h^0."""
+
+    def __init__(self, cfg: ModelConfig, fused: bool = False):
         super().__init__()
+        if fused:
+            self.fuse = nn.Linear(3 * cfg.d_model, cfg.d_model, bias=False)
         self.enorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.hnorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.eh_proj = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
@@ -60,6 +73,7 @@ class FrozenTrunk:
     computed once and stored: train/trunk_cache.py): the input of its last layer, and its next-token loss."""
     shared: torch.Tensor  # (B, T, d): the last layer's input (the parallel heads' shared state)
     loss_main: torch.Tensor  # the trunk's next-token loss on the batch (its `totals[0]` division)
+    taps: torch.Tensor | None = None  # (B, T, 2d): `feature_layers`' outputs, for fused features
 
 
 @dataclass
@@ -84,13 +98,19 @@ class MTPModel(nn.Module):
         super().__init__()
         self.cfg, self.mtp_cfg = model_cfg, mtp_cfg
         self.trunk = Trunk(model_cfg, trunk_layers(model_cfg, mtp_cfg))
+        fused = mtp_cfg.features == "fused"
         if mtp_cfg.objective == "sequential":
-            self.mtp = nn.ModuleList(MTPModule(model_cfg) for _ in range(mtp_cfg.depth))
+            self.mtp = nn.ModuleList(MTPModule(model_cfg, fused and k == 0) for k in range(mtp_cfg.depth))
         elif mtp_cfg.objective == "parallel":
             self.mtp = nn.ModuleList(Block(model_cfg) for _ in range(mtp_cfg.heads - 1))
         else:
             self.mtp = nn.ModuleList()
         init_weights(self, model_cfg.init_std, model_cfg.zero_init_residual)
+        self.tap_layers = feature_layers(self.trunk.n_layers) if fused and self.objective == "sequential" else ()
+        if self.tap_layers:
+            with torch.no_grad():  # [low; mid; last] -> last: the plain module's input, to start
+                d = model_cfg.d_model
+                self.mtp[0].fuse.weight.zero_()[:, 2 * d:].copy_(torch.eye(d))
         self.frozen_trunk = False
         self.extra_vocab: L.SubVocab | None = None  # what the extra losses are computed over (None: all)
 
@@ -153,7 +173,7 @@ class MTPModel(nn.Module):
             return self.all_logits(idx)
         distil = self.mtp_cfg.draft_target == "trunk"
         hidden, extras = self.hidden_states(idx, frozen.shared if frozen is not None else None, need_hidden=distil,
-                                            unroll=self.mtp_cfg.unroll)
+                                            unroll=self.mtp_cfg.unroll, taps=frozen.taps if frozen is not None else None)
         weight = self.trunk.unembed_weight
         totals = totals or [None] * (len(extras) + 1)
         loss_main = (frozen.loss_main if frozen is not None
@@ -176,21 +196,33 @@ class MTPModel(nn.Module):
         with torch.no_grad(), torch.autocast(idx.device.type, dtype=dtype, enabled=dtype is not None):
             x = trunk.embed_tokens(idx)
             rope = trunk.rope(idx.shape[1], idx.device, x.dtype)
-            shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
-            hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
+            hidden, shared, taps = self.run_trunk(x, rope)
             loss_main = L.linear_cross_entropy(trunk.norm(hidden), trunk.unembed_weight, targets, total)
         if dtype is not None:
             shared, loss_main = shared.to(dtype).float(), loss_main.float()
-        return FrozenTrunk(shared, loss_main)
+            taps = None if taps is None else taps.to(dtype).float()
+        return FrozenTrunk(shared, loss_main, taps)
+
+    def run_trunk(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """All the trunk's layers from the embeddings x: (hidden, the last layer's input, the outputs of
+        `tap_layers` concatenated, or None without fused features)."""
+        trunk, outputs = self.trunk, {}
+        shared = x
+        for i in range(trunk.n_layers):
+            shared = x
+            x = trunk.run_layers(x, i, i + 1, rope)
+            outputs[i] = x
+        taps = torch.cat([outputs[i] for i in self.tap_layers], -1) if self.tap_layers else None
+        return x, shared, taps
 
     def hidden_states(self, idx: torch.Tensor, shared: torch.Tensor | None = None, need_hidden: bool = False,
-                      unroll: int = 1) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+                      unroll: int = 1, taps: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """Trunk hidden (pre-final-norm) over T positions, and each extra prediction's state over
         its valid positions (T-k), already cut to length; with `unroll` > 1 (one sequential module) its
         recursive steps 1..unroll instead (model/unroll.py). A frozen trunk runs without autograd;
         given its last layer's input (`shared`, from `frozen_pass`) it runs that layer only, and only
         for sequential modules or `need_hidden` (parallel heads otherwise return no trunk hidden: its loss
-        is stored too)."""
+        is stored too); with fused features it then needs the stored `taps` too."""
         trunk, T = self.trunk, idx.shape[1]
         with torch.no_grad() if self.frozen_trunk else contextlib.nullcontext():
             x = trunk.embed_tokens(idx)
@@ -201,10 +233,17 @@ class MTPModel(nn.Module):
                 if shared is None:
                     shared = trunk.run_layers(x, 0, trunk.n_layers - 1, rope)
                 hidden = trunk.run_layers(shared, trunk.n_layers - 1, trunk.n_layers, rope)
+            elif shared is None and self.tap_layers:
+                hidden, _, taps = self.run_trunk(x, rope)
             else:
                 start = 0 if shared is None else trunk.n_layers - 1
                 hidden = trunk.run_layers(x if shared is None else shared, start, trunk.n_layers, rope)
+            if self.objective == "sequential":
                 h = trunk.norm(hidden) if self.mtp_cfg.mtp_input == "post-norm" else hidden
+        if self.tap_layers:
+            if taps is None:
+                raise ValueError("fused features need the stored trunk's taps beside its shared state")
+            h = self.mtp[0].fuse(torch.cat([taps, h], -1))
         cos, sin = rope
         if self.objective == "parallel":
             return hidden, [head(shared, cos, sin)[:, : T - k] for k, head in enumerate(self.mtp, 1)]

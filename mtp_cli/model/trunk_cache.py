@@ -4,11 +4,12 @@ A frozen trunk gives the same states for the same batch every time. Runs that dr
 (the variants of a post-hoc recipe on one corpus and data order, or a resumed run) would each run the
 whole trunk forward over them, which on a real pretrained model costs more than training the module.
 This cache stores, per step and micro-batch, the input of the trunk's last layer and its next-token
-loss (`MTPModel.frozen_pass`) under `<cache>/trunk_states/<key>/`. The key hashes the trunk's weights
-with everything that decides a batch (the token data, context, batch size, data order, rank and world
-size, micro-batches) and how it is computed (device type, dtype: train.trunk_dtype bfloat16 runs the pass under autocast and
-stores its states in bf16, half the disk), so a different trunk or batch never
-reads another's states. A hit is bit-identical to recomputing (the test compares them).
+loss (`MTPModel.frozen_pass`), with fused features also the outputs of the layers they read, under
+`<cache>/trunk_states/<key>/`. The key hashes the trunk's weights with everything that decides a batch
+(the token data, context, batch size, data order, rank and world size, micro-batches), the layers tapped,
+and how it is computed (device type, dtype: train.trunk_dtype = "bfloat16" runs the pass under autocast
+and stores its states in bf16, half the disk), so a different trunk or batch never reads another's
+states. A hit is bit-identical to recomputing (the test compares them).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class TrunkStateCache:
 
     def __init__(self, root: Path, model: MTPModel, batch_key: dict, dtype: torch.dtype | None = None):
         trunk_sha = weights_sha256(model.trunk)
-        key = hashlib.sha256(json.dumps({"trunk": trunk_sha, **batch_key}, sort_keys=True).encode()).hexdigest()[:20]
+        taps = {"taps": list(model.tap_layers)} if model.tap_layers else {}  # fused features: those layers too
+        key = hashlib.sha256(json.dumps({"trunk": trunk_sha, **batch_key, **taps}, sort_keys=True).encode()).hexdigest()[:20]
         self.dir = Path(root) / "trunk_states" / key
         self.model, self.dtype = model, dtype  # dtype: the pass runs in it and its states are stored in it
         self.hits = self.misses = 0
@@ -58,11 +60,13 @@ class TrunkStateCache:
         if path.is_file():
             stored = torch.load(path, map_location=idx.device, weights_only=True)
             self.hits += 1
-            return FrozenTrunk(stored["shared"].float(), stored["loss_main"])
+            taps = stored.get("taps")
+            return FrozenTrunk(stored["shared"].float(), stored["loss_main"], None if taps is None else taps.float())
         frozen = self.model.frozen_pass(idx, targets, total, self.dtype)
         self.dir.mkdir(parents=True, exist_ok=True)
         with replacing(path, f".{os.getpid()}") as tmp:
-            shared = frozen.shared.to(self.dtype or frozen.shared.dtype)
-            torch.save({"shared": shared.cpu(), "loss_main": frozen.loss_main.cpu()}, tmp)
+            dtype = self.dtype or frozen.shared.dtype
+            taps = {} if frozen.taps is None else {"taps": frozen.taps.to(dtype).cpu()}
+            torch.save({"shared": frozen.shared.to(dtype).cpu(), "loss_main": frozen.loss_main.cpu(), **taps}, tmp)
         self.misses += 1
         return frozen
