@@ -359,6 +359,8 @@ def test_conditions_report(tiny_runs, tmp_path):
             assert len(units) == (4 if bs == "1" else 2)
             for key in ("accepted", "drafted", "steps"):
                 assert sum(u[key] for u in units) == m[key]
+            per_position = [sum(u["accepted_at"][i] for u in units) / m["steps"] for i in range(m["draft_len"])]
+            assert per_position == pytest.approx(m["per_position_acceptance"])  # the per-unit counts add up
             lo, hi = m["acceptance_rate_ci95"]
             assert lo <= m["acceptance_rate"] <= hi
     # greedy text is the same at either batch size, so its statistics are too

@@ -105,9 +105,11 @@ def summarise(tallies: dict[str, list[Tally]], model, ids: list[list[int]], cond
 
 
 def _acceptance_by_unit(per_batch: list[SpecStats], bs: int) -> dict:
-    """Draft counts per prompt (per batch when batches hold several prompts) and the bootstrap interval
-    of the acceptance rate over them."""
-    units = [{"accepted": s.accepted, "drafted": s.drafted, "steps": s.steps} for s in per_batch]
+    """Draft counts per prompt (per batch when batches hold several prompts), with the steps whose drafts
+    1..i+1 were all accepted (`accepted_at`, vLLM's per-position counts), and the bootstrap interval of the
+    acceptance rate over them."""
+    units = [{"accepted": s.accepted, "drafted": s.drafted, "steps": s.steps, "accepted_at": list(s.accepted_at)}
+             for s in per_batch]
     ci = ratio_ci([u["accepted"] for u in units], [u["drafted"] for u in units])
     return {ci_key("acceptance_rate"): ci, ("per_prompt" if bs == 1 else "per_batch"): units}
 
