@@ -2,6 +2,8 @@
 
 loss_curves          training loss per run (trunk, and each extra depth/head): colour = variant, line style = seed
 acceptance           measured acceptance per draft position (bs=1), with the validation proxy beside it
+data_curve           first-draft acceptance against the distinct tokens the drafter was trained on, with its
+                     interval over prompts; drawn only for variants that differ in nothing else (acceptance.py)
 speedup_vs_batch     measured MTP speedup over our greedy against batch size (log-scale intervals, never below 0);
                      drawn only when more than one batch size was measured
 quality_differences  variant − NTP for each quality metric, with its 95% interval over seeds, and the noise floors
@@ -26,13 +28,14 @@ from mtp_cli.base import stats  # noqa: E402
 from mtp_cli.base.result_docs import ci_key
 from mtp_cli.results import compare, delta_rows
 from mtp_cli.results import folder as results
+from mtp_cli.results.acceptance import curve_variants, distinct_tokens, mtp_entry, position_acceptance
 
 
 def render_all(r, out_dir: Path) -> list[tuple[str, Path]]:
     """Draw every plot there is data for; returns [(caption, path)]."""
     out_dir.mkdir(parents=True, exist_ok=True)
     drawn = []
-    for name, fn in (("loss_curves", loss_curves), ("acceptance_per_position", acceptance),
+    for name, fn in (("loss_curves", loss_curves), ("acceptance_per_position", acceptance), ("data_curve", data_curve),
                      ("speedup_vs_batch", speedup_vs_batch), ("quality_differences", quality_differences),
                      ("paired_differences", paired_differences)):
         path = out_dir / f"{name}.png"
@@ -136,6 +139,37 @@ def acceptance(r, path: Path) -> str | None:
     ax.legend(fontsize=8)
     _save(fig, path)
     return "Acceptance per draft position: measured in self-speculative decoding at batch size 1, and the validation proxy"
+
+
+def data_curve(r, path: Path) -> str | None:
+    variants = curve_variants(r)
+    if not variants:
+        return None
+    tokens = [distinct_tokens(next(iter(r.seeds(v).values())).run["recipe"]) for v in variants]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    for i, name in enumerate(r.condition_names):
+        points = [position_acceptance(mtp_entry(r, v, name).get("per_prompt") or [], 1) for v in variants]
+        xs = [t for t, (value, _) in zip(tokens, points) if value is not None]
+        if not xs:
+            continue
+        ys = [value for value, _ in points if value is not None]
+        lo = [value - ci[0] for value, ci in points if value is not None]
+        hi = [ci[1] - value for value, ci in points if value is not None]
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker=K_MARKERS[i % len(K_MARKERS)], capsize=4, label=name)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    ax.set(xlabel="distinct training tokens (log scale)", ylabel="first-draft acceptance", ylim=(0, 1),
+           title="first-draft acceptance against distillation text\n95% bootstrap intervals over prompts")
+    ax.set_xticks(tokens, [f"{t / 1e3:,.0f}k" if t < 1e6 else f"{t / 1e6:.2f}M" for t in tokens])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return ("First-draft acceptance against the distinct tokens the drafter was trained on (" + ", ".join(variants) +
+            "; the same steps each), with 95% bootstrap intervals over prompts")
 
 
 def speedup_vs_batch(r, path: Path) -> str | None:

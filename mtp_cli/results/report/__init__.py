@@ -5,7 +5,7 @@ Training evidence (the trunk with the MTP modules discarded) and inference evide
 as drafters) are separate sections and separate tables. The numbers come from the results model
 (`resultset`) and their intervals from `compare`/`stats`, which the plots read too.
 
-One module per section (`training`, `inference`, `costs`, `claims`, `environment`); `deltas` renders the
+One module per section (`training`, `inference`, `drafting`, `costs`, `claims`, `environment`); `deltas` renders the
 differences to NTP, `format` and `helpers` the numbers.
 
 REPORT.md holds no render time: re-rendering unchanged results with unchanged code gives the same bytes.
@@ -22,6 +22,7 @@ from mtp_cli.results import folder as results
 from mtp_cli.results import plots
 from mtp_cli.results.report.claims import claims_section
 from mtp_cli.results.report.costs import cost_section
+from mtp_cli.results.report.drafting import drafting_section
 from mtp_cli.results.report.environment import RENDERED_BY, environment_section, provenance, settings_table
 from mtp_cli.results.report.inference import inference_section
 from mtp_cli.results.report.section import Section
@@ -47,7 +48,7 @@ def render_report(results_dir: str | Path, console: Console | None = None) -> Pa
     description = (r.lock.get("recipe") or {}).get("description", "")
     plot_dir = r.dir / results.PLOTS
     images = plots.render_all(r, plot_dir)
-    sections = [training_section(r), inference_section(r), cost_section(r), claims_section(r),
+    sections = [training_section(r), inference_section(r), drafting_section(r), cost_section(r), claims_section(r),
                 Section("Plots", "", [], [(caption, f"{results.PLOTS}/{path.name}") for caption, path in images]),
                 environment_section(r)]
     head = [f"# MTP ablation: {r.lock.get('recipe_name', r.dir.name)}", ""]
