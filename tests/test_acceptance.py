@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mtp_cli.results.acceptance import curve_variants, distinct_tokens, position_acceptance
+from mtp_cli.results.acceptance import curve_variants, distinct_tokens, paired_difference, position_acceptance
 
 UNITS = [{"accepted": 9, "drafted": 30, "steps": 10, "accepted_at": [6, 2, 1]},
          {"accepted": 6, "drafted": 30, "steps": 10, "accepted_at": [4, 2, 0]}]
@@ -49,3 +49,11 @@ def test_curve_variants_differ_only_in_distinct_tokens():
     assert distinct_tokens(recipe(32)) == 32 * 4 * 512
     assert distinct_tokens({**recipe(0), "train": {"steps": 10, "batch_size": 4}}) == 10 * 4 * 512
     assert curve_variants(_result_set({"a": recipe(32), "b": recipe(32, lr=3e-3)})) == []
+
+
+def test_paired_difference_resamples_the_same_prompts():
+    better = [{**u, "accepted_at": [u["accepted_at"][0] + 2, *u["accepted_at"][1:]]} for u in UNITS]
+    diff, (lo, hi) = paired_difference(better, UNITS)
+    assert diff == pytest.approx(14 / 20 - 10 / 20)
+    assert lo == pytest.approx(0.2) and hi == pytest.approx(0.2)  # +2 on every prompt of 10 steps: no spread
+    assert paired_difference(better[:1], UNITS) == (None, [None, None])  # not the same prompts

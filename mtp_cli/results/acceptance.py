@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 from mtp_cli.base.stats import ratio_ci
 from mtp_cli.results import folder as results
 
@@ -24,6 +26,26 @@ def position_acceptance(units: list[dict], position: int) -> tuple[float | None,
     num_ = [u["accepted_at"][position - 1] for u in units]
     den = [u["steps"] if position == 1 else u["accepted_at"][position - 2] for u in units]
     return (sum(num_) / sum(den) if sum(den) else None), ratio_ci(num_, den)
+
+
+def paired_difference(units: list[dict], reference: list[dict], seed: int = 0,
+                      n_boot: int = 2000) -> tuple[float | None, list[float | None]]:
+    """First-draft acceptance of `units` minus that of `reference` on the same prompts (one row each, in order),
+    and its 95% bootstrap interval, the same prompts resampled for both; (None, [None, None]) if not comparable."""
+    if len(units) != len(reference) or not units:
+        return None, [None, None]
+    rows = []
+    for u in (units, reference):
+        if position_acceptance(u, 1)[0] is None:
+            return None, [None, None]
+        rows.append(np.array([[(x.get("accepted_at") or [x["accepted"]])[0], x["steps"]] for x in u], dtype=float))
+    a, b = rows
+    pick = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
+    sa, sb = a[pick].sum(1), b[pick].sum(1)
+    ok = (sa[:, 1] > 0) & (sb[:, 1] > 0)
+    diffs = sa[ok, 0] / sa[ok, 1] - sb[ok, 0] / sb[ok, 1]
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return float(a[:, 0].sum() / a[:, 1].sum() - b[:, 0].sum() / b[:, 1].sum()), [float(lo), float(hi)]
 
 
 def distinct_tokens(recipe: dict) -> int:

@@ -4,7 +4,7 @@ data-scaling curve, acceptance against the distinct tokens a drafter was distill
 from __future__ import annotations
 
 from mtp_cli.base.tables import Table
-from mtp_cli.results.acceptance import curve_variants, distinct_tokens, mtp_entry, position_acceptance
+from mtp_cli.results.acceptance import curve_variants, distinct_tokens, mtp_entry, paired_difference, position_acceptance
 from mtp_cli.results.report.helpers import num, pct
 from mtp_cli.results.report.section import Section
 from mtp_cli.results.resultset import ResultSet
@@ -19,6 +19,7 @@ def _cell(units: list[dict], position: int) -> str:
 
 def drafting_section(r: ResultSet) -> Section:
     conditions = r.condition_names
+    reference = next((v for v in r.variants if int(r.first(v, "n_extra") or 0)), None)
     rows = []
     for v in r.variants:
         for name in conditions:
@@ -27,16 +28,20 @@ def drafting_section(r: ResultSet) -> Section:
             if not units:
                 continue
             k = int(m.get("draft_len") or 0)
-            rows.append([v, name, str(k), *(_cell(units, j) if j <= k else "" for j in (1, 2, 3)),
+            diff, (lo, hi) = paired_difference(units, mtp_entry(r, reference, name).get("per_prompt") or [])
+            paired = "–" if v == reference or diff is None else f"{100 * diff:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+            rows.append([v, name, str(k), *(_cell(units, j) if j <= k else "" for j in (1, 2, 3)), paired,
                          num(m.get("mean_acceptance_length"), 2), str(len(units))])
     tables = []
     if rows:
         tables.append(Table("Acceptance at each draft position (batch size 1, first timed repeat)",
                             ["variant", "condition", "k", "draft 1", "draft 2 | 1 accepted", "draft 3 | 1-2 accepted",
-                             "MAL", "prompts"], rows,
+                             f"draft 1 − {reference}'s (points)", "MAL", "prompts"], rows,
                             ["draft j's share accepted among the steps whose drafts before it were all accepted, "
                              "with its 95% bootstrap interval over prompts; positions beyond the chosen k are not "
-                             "drafted (the draft-length table's candidates show them on the tuning prompts)"]))
+                             "drafted (the draft-length table's candidates show them on the tuning prompts)",
+                             f"the difference to {reference} is paired: the same prompts resampled for both (at T = 0 "
+                             "each decodes the same greedy text, so only the drafter differs)"]))
     curve = curve_variants(r)
     if curve:
         recipes = {v: next(iter(r.seeds(v).values())).run["recipe"] for v in curve}
