@@ -211,7 +211,8 @@ class MTPModel(nn.Module):
         for i in range(trunk.n_layers):
             shared = x
             x = trunk.run_layers(x, i, i + 1, rope)
-            outputs[i] = x
+            if i in self.tap_layers:
+                outputs[i] = x
         taps = torch.cat([outputs[i] for i in self.tap_layers], -1) if self.tap_layers else None
         return x, shared, taps
 
