@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     recipe = load_recipe(args.recipe)
-    source = pretrained.resolve_recipe(recipe)
+    source = pretrained.resolve_recipe(recipe, given={"context"})  # the recipe sets the context only
     data = token_data.prepare_for(recipe)
     model = MTPModel(recipe.model, recipe.mtp)
     pretrained.init_model(model, source)
