@@ -64,18 +64,23 @@ def _without_data_size(recipe: dict) -> dict:
     return r
 
 
+def run_recipe(r, variant: str) -> dict | None:
+    """The recipe a variant's first seed was trained with (its run.json), None when it has no run."""
+    runs = list(r.seeds(variant).values())
+    return runs[0].run.get("recipe") if runs else None
+
+
 def curve_variants(r) -> list[str]:
     """The largest group of MTP variants (two or more) whose recipes differ only in their distinct training
     tokens, in order of tokens; [] when there is none."""
     groups: dict[str, list[str]] = {}
     for v in r.variants:
-        runs = list(r.seeds(v).values())
-        recipe = runs[0].run.get("recipe") if runs else None
+        recipe = run_recipe(r, v)
         if not recipe or not int(r.first(v, "n_extra") or 0):
             continue
         groups.setdefault(repr(sorted(_without_data_size(recipe).items())), []).append(v)
     best = max(groups.values(), key=len, default=[])
-    tokens = {v: distinct_tokens(next(iter(r.seeds(v).values())).run["recipe"]) for v in best}
+    tokens = {v: distinct_tokens(run_recipe(r, v)) for v in best}
     return sorted(best, key=tokens.get) if len(best) > 1 and len(set(tokens.values())) > 1 else []
 
 

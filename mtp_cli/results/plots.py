@@ -28,7 +28,7 @@ from mtp_cli.base import stats  # noqa: E402
 from mtp_cli.base.result_docs import ci_key
 from mtp_cli.results import compare, delta_rows
 from mtp_cli.results import folder as results
-from mtp_cli.results.acceptance import curve_variants, distinct_tokens, mtp_entry, position_acceptance
+from mtp_cli.results.acceptance import curve_variants, distinct_tokens, mtp_entry, position_acceptance, run_recipe
 
 
 def render_all(r, out_dir: Path) -> list[tuple[str, Path]]:
@@ -145,7 +145,7 @@ def data_curve(r, path: Path) -> str | None:
     variants = curve_variants(r)
     if not variants:
         return None
-    tokens = [distinct_tokens(next(iter(r.seeds(v).values())).run["recipe"]) for v in variants]
+    tokens = [distinct_tokens(run_recipe(r, v)) for v in variants]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
     for i, name in enumerate(r.condition_names):

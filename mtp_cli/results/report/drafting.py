@@ -4,7 +4,14 @@ data-scaling curve, acceptance against the distinct tokens a drafter was distill
 from __future__ import annotations
 
 from mtp_cli.base.tables import Table
-from mtp_cli.results.acceptance import curve_variants, distinct_tokens, mtp_entry, paired_difference, position_acceptance
+from mtp_cli.results.acceptance import (
+    curve_variants,
+    distinct_tokens,
+    mtp_entry,
+    paired_difference,
+    position_acceptance,
+    run_recipe,
+)
 from mtp_cli.results.report.helpers import num, pct
 from mtp_cli.results.report.section import Section
 from mtp_cli.results.resultset import ResultSet
@@ -44,7 +51,7 @@ def drafting_section(r: ResultSet) -> Section:
                              "each decodes the same greedy text, so only the drafter differs)"]))
     curve = curve_variants(r)
     if curve:
-        recipes = {v: next(iter(r.seeds(v).values())).run["recipe"] for v in curve}
+        recipes = {v: run_recipe(r, v) for v in curve}
         curve_rows = []
         for v in curve:
             t = recipes[v]["train"]
