@@ -161,6 +161,8 @@ def eval_(
     dtype: str = typer.Option("fp32", help=DTYPE_HELP),
     humaneval_prompt: str = typer.Option("raw", help="raw HumanEval prompt | instruct: lm-eval's humaneval_instruct "
                                                      "text under the model's chat template (for chat-tuned models)."),
+    generate: bool = typer.Option(True, "--generate/--gold-only", help="--gold-only: HumanEval and GSM8K score the "
+                                                                      "reference answers only (bits/byte; no pass rates)."),
     harness: str = typer.Option("mtp", help="mtp (ours) | lm-eval: with --hf, HumanEval and GSM8K through lm-eval's "
                                          "own Hugging Face backend instead (default --json: eval_lm_eval.json)."),
 ) -> None:
@@ -175,10 +177,13 @@ def eval_(
         raise UserError(f"--harness must be mtp or lm-eval, got {harness!r}")
     if harness == "lm-eval" and (hf is None or run is not None or text is not None):
         raise UserError("--harness lm-eval evaluates a Hugging Face checkpoint: give --hf SOURCE (no run folder, no --text)")
+    if harness == "lm-eval" and not generate:
+        raise UserError("--gold-only is for our harness (--harness mtp): lm-eval's backend scores pass rates")
     names = parse_tasks(("humaneval,gsm8k" if harness == "lm-eval" else "humaneval,gsm8k,heldout") if tasks is None else tasks)
     cfg = EvalConfig(tasks=names, limits=parse_limits(limit, names),
                      gsm8k_data=str(paths.gsm8k_data(gsm8k_data) or paths.HUB), gsm8k_fewshot=gsm8k_fewshot,
-                     truncate=truncate, samples=samples, temperature=temperature, humaneval_prompt=humaneval_prompt)
+                     truncate=truncate, samples=samples, temperature=temperature, humaneval_prompt=humaneval_prompt,
+                     generate=generate)
     rt = Runtime(device=device, threads=threads, compile=compile, dtype=dtype)
     if harness == "lm-eval":
         from mtp_cli.evals.harness_agreement import agreement

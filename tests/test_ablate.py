@@ -363,6 +363,16 @@ def test_a_variant_can_switch_off_its_specbench(tmp_path):
     assert pending == {"ntp": ["train", "export", "eval", "specbench"], "ntp-init": ["train", "export", "eval"]}
 
 
+def test_specbench_seeds_time_only_those_seeds_runs(tmp_path):
+    """`specbench.seeds = [0]`: every seed trains and evaluates, only seed 0's runs are timed."""
+    recipe = tmp_path / "some.toml"
+    recipe.write_text(ablation_toml("some", variants='[[variants]]\nname = "ntp"\nspecbench = { seeds = [0] }\n'))
+    pending = {c.seed: c.pending for c in grid_plan.plan(recipe, seeds=[0, 1], results_root=tmp_path / "res").cells}
+    assert pending == {0: ["train", "export", "eval", "specbench"], 1: ["train", "export", "eval"]}
+    recipe.write_text(ablation_toml("some", variants='[[variants]]\nname = "ntp"\nspecbench = { seeds = 0 }\n'))
+    with pytest.raises(UserError, match="specbench.seeds"):
+        grid_plan.plan(recipe, results_root=tmp_path / "res2")
+
 def test_a_recipe_that_extends_another_takes_its_tables_and_follows_its_changes(tmp_path):
     """`extends = "base"`: the base's tables with this file's keys over them; the fingerprint hashes the
     result, so editing the base is a new version of the extending recipe; a loop is refused."""

@@ -80,6 +80,25 @@ def test_run_eval_writes_the_documented_json(tiny_runs, tmp_path):
     assert doc["tasks"] == ["humaneval", "gsm8k", "heldout"] and set(doc["seconds"]) == set(doc["tasks"])
 
 
+@pytest.mark.skipif(not (GSM8K_DATA / "test.jsonl").is_file(), reason="no GSM8K data")
+def test_gold_only_scores_the_same_gold_answers_without_generating(tiny_runs, tmp_path):
+    """eval.generate = false: HumanEval and GSM8K give the very gold bits/byte of the generating eval (the same
+    prompts, the same answers), and no pass rate."""
+    limits = {"humaneval": 3, "gsm8k": 3}
+    docs = {gen: runner.run_eval(tiny_runs["ntp"], EvalConfig(tasks=["humaneval", "gsm8k"], limits=limits, generate=gen,
+                                                              gsm8k_data=str(GSM8K_DATA), gsm8k_fewshot=1),
+                                 json_path=tmp_path / f"{gen}" / "eval.json", show_progress=False)
+            for gen in (True, False)}
+    full, gold = docs[True]["results"], docs[False]["results"]
+    for task in ("humaneval", "gsm8k"):
+        assert gold[task]["gold_bpb"] == pytest.approx(full[task]["gold_bpb"], rel=1e-9)
+        assert gold[task]["gold_n"] == gold[task]["n"] == 3 and gold[task]["generated"] is False
+    assert "pass@1" not in gold["humaneval"] and "exact_match,strict-match" not in gold["gsm8k"]
+    rows = [json.loads(line) for line in (tmp_path / "False" / gold["humaneval"]["items_path"]).read_text().splitlines()]
+    assert [r["gold_bpb"] for r in rows] == pytest.approx(
+        [json.loads(line)["gold_bpb"] for line in Path(full["humaneval"]["samples_path"]).read_text().splitlines()])
+    assert runner.results_table(docs[False]).rows  # renders without pass rates
+
 def test_heldout_bits_per_byte_is_loss_over_bytes(tiny_runs):
     run = load_run(tiny_runs["parallel"])
     ids = run.tokenizer("def f(x):\n    return x * 2\n" * 40, add_special_tokens=False).input_ids

@@ -344,6 +344,7 @@ class EvalConfig:
     samples: int = 1  # HumanEval completions per problem (pass@k for k <= samples)
     temperature: float = 0.0  # HumanEval sampling temperature (0: greedy)
     humaneval_prompt: str = "raw"  # raw HumanEval prompt | instruct: lm-eval's humaneval_instruct under the chat template
+    generate: bool = True  # false: HumanEval and GSM8K score the gold answers only (no pass rates, no generation)
 
     def limit(self, task: str) -> int | None:
         return self.limits.get(task) or None
@@ -370,6 +371,8 @@ class EvalConfig:
             raise UserError(f"--temperature must be >= 0, got {self.temperature}")
         if self.humaneval_prompt not in ("raw", "instruct"):
             raise UserError(f"eval.humaneval_prompt (--humaneval-prompt) must be raw or instruct, got {self.humaneval_prompt!r}")
+        if not isinstance(self.generate, bool):
+            raise UserError(f"eval.generate must be true or false, got {self.generate!r}")
         if self.samples > 1 and self.temperature <= 0:
             raise UserError("--samples > 1 needs --temperature > 0 (greedy decoding gives the same completion every time)")
 
@@ -402,8 +405,12 @@ class SpecbenchConfig:
     peers: str = "all"  # all | primary | none: where the Hugging Face peers are timed (they cost the most)
     compile: bool | None = None  # torch.compile our decoders in `mtp ablate`'s specbench (None: the device's default)
     dtype: str = "fp32"  # fp32 | bf16 | int8: the weights every method decodes with (Runtime.dtype)
+    seeds: list[int] | None = None  # `mtp ablate`: time only the runs of these grid seeds (None: every seed's)
 
     def validate(self) -> None:
+        if self.seeds is not None and (not isinstance(self.seeds, list)
+                                       or any(isinstance(s, bool) or not isinstance(s, int) for s in self.seeds)):
+            raise UserError(f"specbench.seeds must be a list of grid seeds, got {self.seeds!r}")
         if self.peers not in PEER_SCOPES:
             raise UserError(f"specbench.peers (--peers) must be one of {', '.join(PEER_SCOPES)}, got {self.peers!r}")
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
@@ -660,6 +667,8 @@ class Recipe:
         if variant.init_seed_offset or variant.data_seed_offset:
             train.data_seed = (seed if train.data_seed is None else train.data_seed) + variant.data_seed_offset
         train.seed = seed + variant.init_seed_offset
+        if sections["specbench"].seeds is not None and seed not in sections["specbench"].seeds:
+            sections["specbench"].enabled = False
         run = dataclasses.replace(self, **sections, seeds=[seed], variants=[],
                                   description=variant.description or self.description)
         return run.validate() if validate else run

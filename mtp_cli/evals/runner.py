@@ -144,7 +144,7 @@ def run_eval(run_dir: str | Path | None, cfg: EvalConfig, rt: Runtime | None = N
                 results[task] = humaneval.run(subject.trunk, subject.tokenizer, samples_path(json_path, task),
                                               cfg.limit(task), cfg.samples, cfg.temperature, progress=progress,
                                               truncate=cfg.truncate, compile=rt.compile,
-                                              prompt_style=cfg.humaneval_prompt)
+                                              prompt_style=cfg.humaneval_prompt, generate=cfg.generate)
             else:
                 results[task] = _gsm8k(subject, cfg, rt, gsm8k_dir, fewshot, json_path, progress)
             seconds[task] = round(time.perf_counter() - t0, 2)
@@ -218,7 +218,7 @@ def _gsm8k(subject: _Subject, cfg: EvalConfig, rt: Runtime, gsm8k_dir, fewshot: 
            progress) -> dict:
     lm = subject.lm(cfg, rt, progress=progress)
     lm.score_description = "gsm8k: score gold answers"
-    result = gsm8k.run(lm, cfg.limit("gsm8k"), gsm8k_dir, num_fewshot=fewshot)
+    result = gsm8k.run(lm, cfg.limit("gsm8k"), gsm8k_dir, num_fewshot=fewshot, generate=cfg.generate)
     path = samples_path(json_path, "gsm8k")
     write_rows(path, result.pop("samples"))
     gold = result.pop("gold")
@@ -256,7 +256,7 @@ def results_table(doc: dict):
         _gold_and_cuts(rows, "humaneval", h)
     if "gsm8k" in res:
         g = res["gsm8k"]
-        for key in ("exact_match,strict-match", "exact_match,flexible-extract"):
+        for key in (k for k in ("exact_match,strict-match", "exact_match,flexible-extract") if k in g):
             rows.append(["gsm8k", key.split(",")[1], f"{g[key]:.3f}", _ci(g[f"{key}_ci95"]), str(g["n"])])
         _gold_and_cuts(rows, f"gsm8k ({g['num_fewshot']}-shot)", g)
     if "heldout" in res:
