@@ -192,11 +192,12 @@ def run(lm, limit: int | None = None, data_dir: str | Path | None = None, seed: 
                                 "pass --gsm8k-data DIR to run from local files") from None
             raise
     records = getattr(lm, "records", {})
-    result = {"num_fewshot": num_fewshot, "generated": False, "samples": []}
     if generate:
         result = summarize(out, task, num_fewshot)
         for row in result["samples"]:
             row.update(records.get((task, "generate", row["doc_id"]), {}))
+    else:
+        result = {"num_fewshot": num_fewshot, "generated": False, "samples": []}
     if gold:
         result |= summarize_gold(out, records, task)
     if not generate:

