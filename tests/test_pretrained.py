@@ -632,6 +632,51 @@ def test_a_mixed_self_distilled_run_is_compared_on_its_first_corpus(prompts, com
     assert comparison_config(DataConfig(source="self", self_prompts=prompts)).source == compared_on
 
 
+def test_continuations_mixed_into_a_corpus_take_their_share_by_repeats(checkpoints, tmp_path, monkeypatch):
+    """data.source = "files+self": the corpus's documents, then the trunk's continuations repeated so that
+    they make about data.self_share of the bytes; held-out figures are measured on the corpus alone."""
+    from helpers import TINY_FILES
+
+    from mtp_cli.config.recipe import DataConfig, Recipe
+    from mtp_cli.corpus import selfdistill, token_data
+    from mtp_cli.data import shards, sources
+
+    monkeypatch.setenv("MTP_CACHE_DIR", str(tmp_path))
+    folder = checkpoints["llama-gqa-untied"]
+    recipe = Recipe()
+    recipe.data = DataConfig(source="files+self", self_prompts="files", paths=list(TINY_FILES), self_samples=3,
+                             self_prompt_tokens=8, self_new_tokens=12, self_share=0.4)
+    recipe.data.validate()
+    recipe.train.init_from = str(folder)
+    natural = sources.corpus(DataConfig(source="files", paths=list(TINY_FILES)))
+    generated = selfdistill.documents(recipe.data, str(folder), tmp_path, show_progress=False)
+    docs = token_data.mixed_documents(recipe)
+    repeats = token_data.self_repeats(natural, generated, 0.4)
+    assert docs == natural + generated * repeats and repeats > 1
+    size = lambda ds: sum(len(d.encode()) for d in ds)  # noqa: E731
+    share = size(generated * repeats) / size(docs)
+    assert abs(share - 0.4) <= size(generated) / size(docs)  # within one copy of the target
+    assert token_data.self_repeats(natural, generated, 0.0) == 1
+    assert shards.comparison_config(recipe.data).source == "files"
+    assert shards.comparison_config(recipe.data).self_share == 0.0
+    recipe.data.self_share = 0.0  # each continuation once
+    assert token_data.mixed_documents(recipe) == natural + generated
+
+
+@pytest.mark.parametrize("source, share, message", [
+    ("stdlib+bogus", 0.0, "unknown or repeated data.source"),
+    ("stdlib+self+self", 0.0, "unknown or repeated data.source"),
+    ("stdlib+self", 1.0, r"self_share must be in \[0, 1\)"),
+    ("stdlib", 0.3, "needs a data.source such as"),
+    ("self", 0.3, "needs a data.source such as"),
+])
+def test_bad_mixes_of_continuations_are_one_line_errors(source, share, message):
+    from mtp_cli.config.recipe import DataConfig
+
+    with pytest.raises(UserError, match=message):
+        DataConfig(source=source, self_share=share).validate()
+
+
 def test_runs_stored_before_these_keys_still_resume(tmp_path):
     """A run.json written before qkv_bias/rope_scaling/init_from/freeze_trunk/self_* existed is the same run."""
     from helpers import micro_recipe

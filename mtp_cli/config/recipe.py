@@ -41,7 +41,7 @@ ROPE_KEYS = {"default": (), "linear": ("factor",),  # the numbers each rope_type
 SELF_PROMPTS = ("stdlib", "files", "gsm8k", "humaneval", "stdlib-functions")  # data.self_prompts, "+" mixes them
 FEATURES = ("last", "fused")  # mtp.features
 TRUNK_DTYPES = ("float32", "bfloat16")  # train.trunk_dtype
-SOURCES = ("stdlib", "stdlib-functions", "files", "gsm8k", "hf")  # data.source, "+" mixes them; or "self" alone
+SOURCES = ("stdlib", "stdlib-functions", "files", "gsm8k", "hf", "self")  # data.source, "+" mixes them
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 
 
@@ -190,7 +190,7 @@ def objective_from_flags(recipe_objective: str, objective: str | None, depth: in
 
 @dataclass
 class DataConfig:
-    source: str = "stdlib"  # stdlib | stdlib-functions | files | gsm8k | hf, or several joined by "+"; or self
+    source: str = "stdlib"  # stdlib | stdlib-functions | files | gsm8k | hf | self, or several joined by "+"
     paths: list[str] = field(default_factory=list)  # files/folders for files|gsm8k
     hf_dataset: str = ""  # name for source = "hf"
     hf_split: str = "train"
@@ -205,13 +205,20 @@ class DataConfig:
     self_samples: int = 256  # prompts continued
     self_prompt_tokens: int = 32  # corpus prompts: windows of this many tokens
     self_new_tokens: int = 128  # greedy tokens generated per prompt (fewer at end of text)
+    self_share: float = 0.0  # source "<corpora>+self": the continuations' share of the text (by bytes), reached by
+                             # repeating them (windows are drawn uniformly over the tokens); 0: each once
 
     def validate(self) -> None:
         parts = self.source_parts
-        if self.source != "self" and (any(p not in SOURCES for p in parts) or len(set(parts)) < len(parts)):
+        if any(p not in SOURCES for p in parts) or len(set(parts)) < len(parts):
             raise UserError(f"unknown or repeated data.source {self.source!r}; choose {', '.join(SOURCES)} (several "
-                            "joined by '+' mix their documents) or self")
-        if self.source == "self":
+                            "joined by '+' mix their documents)")
+        if not 0.0 <= self.self_share < 1.0:
+            raise UserError(f"data.self_share must be in [0, 1), got {self.self_share}")
+        if self.self_share and not (self.uses_self and self.natural_parts):
+            raise UserError("data.self_share weighs the trunk's continuations against other corpora: it needs a "
+                            "data.source such as 'stdlib-functions+self'")
+        if self.uses_self:
             unknown = [p for p in self.self_prompt_sets if p not in SELF_PROMPTS]
             if unknown or len(set(self.self_prompt_sets)) < len(self.self_prompt_sets):
                 raise UserError(f"unknown or repeated data.self_prompts {self.self_prompts!r}; choose one of "
@@ -222,7 +229,7 @@ class DataConfig:
             if self.self_samples < len(self.self_prompt_sets):
                 raise UserError(f"data.self_samples ({self.self_samples}) must give each prompt set in "
                                 f"{self.self_prompts!r} at least one prompt")
-        if {"files", "gsm8k"} & set(parts) or (self.source == "self" and {"files", "gsm8k"} & set(self.self_prompt_sets)):
+        if {"files", "gsm8k"} & set(parts) or (self.uses_self and {"files", "gsm8k"} & set(self.self_prompt_sets)):
             if not self.paths:
                 raise UserError(f"data.source = {self.source!r} needs data.paths (or --data PATH)")
             for p in self.paths:
@@ -237,6 +244,16 @@ class DataConfig:
     def source_parts(self) -> list[str]:
         """The corpora `source` names, in order ("stdlib-functions+gsm8k": both, their documents one after the other)."""
         return self.source.split("+")
+
+    @property
+    def uses_self(self) -> bool:
+        """Whether the text includes the trunk's own continuations (`self`, alone or mixed in)."""
+        return "self" in self.source_parts
+
+    @property
+    def natural_parts(self) -> list[str]:
+        """The corpora other than the trunk's continuations, in order."""
+        return [p for p in self.source_parts if p != "self"]
 
     @property
     def self_prompt_sets(self) -> list[str]:
@@ -602,7 +619,7 @@ class Recipe:
             raise UserError("mtp.draft_target = 'trunk' distils the modules from a frozen trunk: it needs train.freeze_trunk")
         if not has_init:  # with init_from the vocabulary is the checkpoint's (pretrained.resolve_recipe checks it)
             self.check_draft_vocab()
-        if self.data.source == "self" and not has_init:
+        if self.data.uses_self and not has_init:
             raise UserError("data.source = 'self' needs train.init_from (the trunk whose continuations are the data)")
         return self
 

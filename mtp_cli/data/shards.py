@@ -164,8 +164,10 @@ def comparison_config(cfg):
     """The data a run is compared on (held-out loss, heldout specbench prompts): its own, except for a
     self-distilled run, whose text is its trunk's output: then the corpus its (first) prompts came from,
     as every other variant of the comparison is measured on."""
-    if cfg.source != "self":
+    if not cfg.uses_self:
         return cfg
+    if cfg.natural_parts:  # continuations mixed into corpora: compared on those corpora's validation split
+        return dataclasses.replace(cfg, source="+".join(cfg.natural_parts), self_share=0.0)
     corpora = [{"stdlib-functions": "stdlib"}.get(p, p) for p in cfg.self_prompt_sets if p != "humaneval"]
     if not corpora:
         raise UserError("this run was self-distilled from HumanEval prompts, which have no validation split "

@@ -5,7 +5,8 @@
   one document each (HumanEval's shape: signature, docstring, body), the natural text a code drafter targets;
 - files:  local files or folders (.py, .txt, .md, .jsonl with a text field);
 - gsm8k:  GSM8K-style JSONL (question + answer) as documents in lm-eval's format (`gsm8k_format`);
-- hf:     a Hugging Face `datasets` dataset by name (needs the network or a local cache).
+- hf:     a Hugging Face `datasets` dataset by name (needs the network or a local cache);
+- self:   the trunk's own greedy continuations (`corpus.selfdistill`, mixed in by `corpus.token_data`).
 
 Several joined by "+" (e.g. "stdlib-functions+gsm8k") give each one's documents in turn; training windows
 are drawn uniformly over the tokens, so each corpus is seen in proportion to its size.
@@ -104,8 +105,9 @@ def gsm8k_train_rows(paths: list[str]) -> Iterator[dict]:
 
 
 def documents(cfg: DataConfig) -> Iterator[str]:
-    """The documents of each corpus `data.source` names, one corpus after the other."""
-    for part in cfg.source_parts:
+    """The documents of each corpus `data.source` names, one corpus after the other (the trunk's own
+    continuations, `self`, are made above this layer: `corpus.token_data`)."""
+    for part in cfg.natural_parts:
         yield from _documents(cfg, part)
 
 

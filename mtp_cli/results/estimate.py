@@ -105,7 +105,7 @@ class Estimator:
         forward FLOPs of every prompt token and new token over the CPU's measured matmul peak at an assumed
         utilisation; None when the text is cached or an earlier cell of this plan makes it."""
         recipe = cell.recipe
-        if recipe.data.source != "self" or not recipe.train.init_from:
+        if not recipe.data.uses_self or not recipe.train.init_from:
             return None
         data, source = recipe.data, recipe.train.init_from
         try:

@@ -312,7 +312,7 @@ def _check_recipe(recipe: Recipe, rt: Runtime) -> tuple[pretrained.Source | None
     recipe.validate()
     rt.validate()
     t = recipe.train
-    if (t.freeze_trunk or recipe.data.source == "self") and not t.init_from:
+    if (t.freeze_trunk or recipe.data.uses_self) and not t.init_from:
         raise UserError("this recipe starts from its [source]'s export: run it with `mtp ablate`, or pass --init-from")
     source = pretrained.resolve_recipe(recipe) if t.init_from else None
     tracking.require(t.track)
