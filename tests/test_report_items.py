@@ -414,3 +414,30 @@ def test_the_draft_length_table_words_each_rule_its_runs_were_chosen_by(tmp_path
     notes = draft_len_table(load(root)).notes
     assert "rule: the fastest (T=0) (seq-d1 s0)" in notes
     assert "rule: the shortest unless a longer one is faster (T=0) (seq-d1 s1)" in notes
+
+
+def test_paired_acceptance_across_folders_equals_the_reports_own_pairing(tmp_path):
+    """scripts/paired_acceptance.py pairs two runs' first-draft acceptance prompt by prompt: on two runs of one
+    folder it gives REPORT.md's paired column; a run whose greedy text differs is not compared."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("paired_acceptance", REPO / "scripts" / "paired_acceptance.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    runs = REPO / "results" / "cpu-smollm2-drafters" / "runs"
+    rows = {r["condition"]: r for r in script.compare(runs / "distil-1m-fused-s0", runs / "distil-1m-s0")}
+    report = (REPO / "results" / "cpu-smollm2-drafters" / "REPORT.md").read_text()
+    for name, row in rows.items():
+        lo, hi = row["difference_ci95"]
+        cell = f"{100 * row['difference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        assert re.search(rf"\| distil-1m-fused \| {name} \|.*\| {re.escape(cell)} \|", report), (name, cell)
+    assert set(rows) == {"humaneval-greedy", "gsm8k-greedy"} and all(r["same_greedy_text"] for r in rows.values())
+    other = tmp_path / "other"
+    shutil.copytree(runs / "distil-1m-s0", other)
+    raw = [json.loads(line) for line in (other / "specbench_raw.jsonl").read_text().splitlines()]
+    for row in raw:
+        if row["method"] == "greedy" and row["condition"] == "gsm8k-greedy":
+            row["outputs"][0] = row["outputs"][0][:-1]
+    (other / "specbench_raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in raw))
+    rows = {r["condition"]: r for r in script.compare(runs / "distil-1m-fused-s0", other)}
+    assert rows["gsm8k-greedy"]["difference"] is None and rows["humaneval-greedy"]["difference"] is not None
