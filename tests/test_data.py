@@ -107,7 +107,7 @@ def test_sources_joined_by_plus_give_each_corpus_in_turn():
     functions = sources.corpus(DataConfig(source="stdlib-functions"))
     gsm8k = sources.corpus(DataConfig(source="gsm8k", paths=[str(GSM8K)]))
     assert sources.corpus(DataConfig(source="stdlib-functions+gsm8k", paths=[str(GSM8K)])) == functions + gsm8k
-    for bad in ("stdlib+stdlib", "stdlib+self", "stdlib+nope"):
+    for bad in ("stdlib+stdlib", "self+stdlib+self", "stdlib+nope"):  # "stdlib+self" mixes (corpus.token_data)
         with pytest.raises(UserError, match="data.source"):
             DataConfig(source=bad).validate()
     with pytest.raises(UserError, match="needs data.paths"):

@@ -128,7 +128,10 @@ def get_tokenizer(cfg: DataConfig, vocab_size: int, docs: list[str], corpus_key:
 
 
 def prepare(cfg: DataConfig, vocab_size: int, docs: list[str] | None = None) -> TokenData:
-    """`docs`: the corpus when the caller built it (data.source = "self"); else read from `cfg`."""
+    """`docs`: the corpus when the caller built it (data.source with "self": `corpus.token_data`); else read
+    from `cfg`."""
+    if docs is None and cfg.uses_self:
+        raise ValueError("data.source includes the trunk's continuations: build its documents with corpus.token_data")
     docs = sources.corpus(cfg) if docs is None else docs
     corpus_key = sources.fingerprint(docs)
     tok = get_tokenizer(cfg, vocab_size, docs, corpus_key)
