@@ -17,23 +17,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mtp_cli.base.files import read_json_lines, read_json_object  # noqa: E402
+from mtp_cli.bench.raw import raw_path  # noqa: E402
 from mtp_cli.results.acceptance import paired_difference, position_acceptance  # noqa: E402
+from mtp_cli.results.folder import MTP_METHOD  # noqa: E402
 
 
 def _greedy_outputs(run: Path) -> dict[str, list]:
     """Each condition's plain-greedy outputs (first repeat) from the run's raw specbench data."""
-    out = {}
-    for line in (run / "specbench_raw.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["method"] == "greedy" and row["repeat"] == 0 and row["batch_size"] == 1:
-            out[row["condition"]] = row["outputs"]
-    return out
+    return {row["condition"]: row["outputs"] for row in read_json_lines(raw_path(run / "specbench.json"))
+            if row["method"] == "greedy" and row["repeat"] == 0 and row["batch_size"] == 1}
 
 
 def _per_prompt(run: Path) -> dict[str, list[dict]]:
-    conditions = json.loads((run / "specbench.json").read_text())["conditions"]
-    return {c["name"]: c["results"]["1"]["mtp"]["per_prompt"] for c in conditions
-            if c.get("temperature") == 0 and (c.get("results") or {}).get("1", {}).get("mtp")}
+    conditions = read_json_object(run / "specbench.json")["conditions"]
+    return {c["name"]: c["results"]["1"][MTP_METHOD]["per_prompt"] for c in conditions
+            if c.get("temperature") == 0 and (c.get("results") or {}).get("1", {}).get(MTP_METHOD)}
 
 
 def compare(run: Path, reference: Path) -> list[dict]:

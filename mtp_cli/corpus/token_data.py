@@ -12,13 +12,16 @@ from mtp_cli.corpus import selfdistill
 from mtp_cli.data import shards, sources
 
 
+def _bytes(docs: list[str]) -> int:
+    return sum(len(d.encode("utf-8", errors="replace")) for d in docs)
+
+
 def self_repeats(natural: list[str], generated: list[str], share: float) -> int:
     """How many times each continuation enters the text so that they make about `share` of its bytes
     (at least once; `share` 0: once)."""
     if not share or not natural:
         return 1
-    size = lambda docs: sum(len(d.encode("utf-8", errors="replace")) for d in docs)  # noqa: E731
-    return max(1, round(share / (1 - share) * size(natural) / max(size(generated), 1)))
+    return max(1, round(share / (1 - share) * _bytes(natural) / max(_bytes(generated), 1)))
 
 
 def mixed_documents(recipe, show_progress: bool = False) -> list[str] | None:
@@ -33,9 +36,8 @@ def mixed_documents(recipe, show_progress: bool = False) -> list[str] | None:
         return generated
     natural = sources.corpus(dataclasses.replace(data, source="+".join(data.natural_parts)))
     repeats = self_repeats(natural, generated, data.self_share)
-    nat_bytes = sum(len(d.encode("utf-8", errors="replace")) for d in natural)
-    gen_bytes = repeats * sum(len(d.encode("utf-8", errors="replace")) for d in generated)
-    ui.console.print(f"data: {len(generated):,} continuations × {repeats} = {gen_bytes / (nat_bytes + gen_bytes):.1%} "
+    gen_bytes = repeats * _bytes(generated)
+    ui.console.print(f"data: {len(generated):,} continuations × {repeats} = {gen_bytes / (_bytes(natural) + gen_bytes):.1%} "
                      f"of the text's bytes (data.self_share {data.self_share})", markup=False)
     return natural + generated * repeats
 
@@ -44,4 +46,3 @@ def prepare_for(recipe, show_progress: bool = False) -> shards.TokenData:
     """A run's data (`recipe` is a config.Recipe): `prepare`, on `mixed_documents` where the text includes
     the trunk's continuations."""
     return shards.prepare(recipe.data, recipe.model.vocab_size, mixed_documents(recipe, show_progress))
-
